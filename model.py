@@ -1,0 +1,214 @@
+"""
+GPT-2, in one file: what the network is, and nothing about where it runs.
+Sharding, activation checkpointing, compilation and offload are applied from the outside
+(plan.py / train.py); nothing here knows about ranks or devices.
+References: OpenAI's GPT-2 (github.com/openai/gpt-2), HF transformers' modeling_gpt2.py,
+nanoGPT's model.py (whose module names we keep, so HF weights map one to one).
+"""
+import math
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024   # longest sequence (learned position embeddings)
+    vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64 for faster matmuls
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = True        # biases in Linears and LayerNorms, as GPT-2
+    init_std: float = 0.02   # std of the normal init (gigaGPT's configs vary it)
+
+
+class CausalSelfAttention(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        assert config.n_embd % config.n_head == 0
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v at once
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.n_head, self.n_embd, self.dropout = config.n_head, config.n_embd, config.dropout
+
+    def forward(self, x, cache=None):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        mask, causal = None, True
+        if cache is not None:  # generation: keys and values of earlier positions are kept
+            pos = cache['pos']
+            cache['k'][:, :, pos:pos + T], cache['v'][:, :, pos:pos + T] = k, v
+            k, v = cache['k'][:, :, :pos + T], cache['v'][:, :, :pos + T]
+            if pos > 0:  # the new queries see every cached key and the new keys up to their own
+                causal = False
+                mask = torch.ones(T, pos + T, dtype=torch.bool, device=x.device).tril(diagonal=pos)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.gelu = nn.GELU(approximate='tanh')  # GPT-2's own GELU; HF calls it gelu_new
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cache=None):
+        x = x + self.attn(self.ln_1(x), cache)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wpe=nn.Embedding(config.block_size, config.n_embd),
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+            ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+        ))
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # tied input and output embeddings
+        self.init_weights()
+
+    def init_weights(self):
+        # GPT-2 init: normal(0, init_std) everywhere, zero biases, and the projections that add
+        # into the residual stream scaled by 1/sqrt(2 * n_layer) (two per block).
+        std = self.config.init_std
+        for name, p in self.named_parameters():
+            if name.endswith('c_proj.weight'):
+                nn.init.normal_(p, mean=0.0, std=std / math.sqrt(2 * self.config.n_layer))
+            elif name.endswith('bias'):
+                nn.init.zeros_(p)
+            elif 'ln_' in name:
+                nn.init.ones_(p)
+            else:
+                nn.init.normal_(p, mean=0.0, std=std)
+
+    def num_params(self, non_embedding=True):
+        # Position embeddings do no matmul work, so MFU leaves them out (the tied wte does).
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.transformer.wpe.weight.numel() if non_embedding else n
+
+    def flops_per_token(self, seq_len=None):
+        # Training FLOPs per token, forward + backward: 6N for the matmuls with the weights and
+        # 12·L·C·T for attention scores and values (PaLM paper, appendix B).
+        c = self.config
+        return 6 * self.num_params() + 12 * c.n_layer * c.n_embd * (seq_len or c.block_size)
+
+    def forward(self, idx, targets=None, reduction='mean', caches=None, last_only=False):
+        # idx, targets: (B, T) token ids; targets -1 are ignored. With reduction='sum' the loss is
+        # the sum of token losses, which train.py divides by the tokens of the whole global batch.
+        B, T = idx.size()
+        start = caches[0]['pos'] if caches else 0
+        assert start + T <= self.config.block_size, f"sequence of {start + T} > block_size"
+        pos = torch.arange(start, start + T, dtype=torch.long, device=idx.device)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        for i, block in enumerate(self.transformer.h):
+            x = block(x, caches[i] if caches else None)
+        if caches:
+            for cache in caches:
+                cache['pos'] += T
+        x = self.transformer.ln_f(x)
+        if targets is None:
+            return self.lm_head(x[:, [-1]] if last_only else x), None
+        logits = self.lm_head(x)
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1),
+                               ignore_index=-1, reduction=reduction)
+        return logits, loss
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True,
+                 on_token=None):
+        # Appends max_new_tokens to idx (B, T). temperature 0 is greedy. on_token(tokens (B, 1))
+        # is called as each position is chosen, so callers can print as they come.
+        c = self.config
+        caches = None
+        for _ in range(max_new_tokens):
+            if use_cache and idx.size(1) <= c.block_size:
+                if caches is None:  # prefill: run the whole prompt once
+                    shape = (idx.size(0), c.n_head, c.block_size, c.n_embd // c.n_head)
+                    w = self.lm_head.weight
+                    caches = [dict(pos=0, k=torch.empty(shape, dtype=w.dtype, device=w.device),
+                                   v=torch.empty(shape, dtype=w.dtype, device=w.device))
+                              for _ in range(c.n_layer)]
+                    logits, _ = self(idx, caches=caches, last_only=True)
+                else:
+                    logits, _ = self(idx[:, -1:], caches=caches, last_only=True)
+            else:
+                # Past block_size the learned positions of every kept token shift, so the cached
+                # keys are stale: recompute the last block_size tokens, as without a cache.
+                logits, _ = self(idx[:, -c.block_size:], last_only=True)
+            logits = logits[:, -1, :]
+            if temperature == 0:
+                idx_next = logits.argmax(dim=-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                    logits[logits < v[:, [-1]]] = -float('inf')
+                idx_next = torch.multinomial(F.softmax(logits.float(), dim=-1), num_samples=1)
+            idx = torch.cat((idx, idx_next), dim=1)
+            if on_token is not None:
+                on_token(idx_next)
+        return idx
+
+    @classmethod
+    def from_hf(cls, hf_model, **overrides):
+        # Builds a GPT from a transformers GPT2LMHeadModel (already loaded: from the hub, from a
+        # local directory, or made in a test). HF's Conv1D stores weights as (in, out): transpose.
+        hc = hf_model.config
+        config = GPTConfig(block_size=hc.n_positions, vocab_size=hc.vocab_size, n_layer=hc.n_layer,
+                           n_head=hc.n_head, n_embd=hc.n_embd, bias=True, dropout=0.0)
+        for k, v in overrides.items():
+            setattr(config, k, v)
+        model = cls(config)
+        ours, theirs = model.state_dict(), hf_model.state_dict()
+        conv1d = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')
+        for k, v in theirs.items():
+            if k.endswith(('.attn.bias', '.attn.masked_bias')):  # causal-mask buffers of old HF
+                continue
+            assert k in ours, f"unexpected HF key {k}"
+            v = v.t() if k.endswith(conv1d) else v
+            assert v.shape == ours[k].shape, f"{k}: HF {tuple(v.shape)} vs ours {tuple(ours[k].shape)}"
+            with torch.no_grad():
+                ours[k].copy_(v)
+        return model
+
+    @classmethod
+    def from_pretrained(cls, model_type, **overrides):
+        # 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl' from the HF hub (needs network once).
+        from transformers import GPT2LMHeadModel
+        return cls.from_hf(GPT2LMHeadModel.from_pretrained(model_type), **overrides)
+
+
+def config_from(d):
+    # A GPTConfig from any dict (a train.py config, a checkpoint's saved config): known keys only.
+    return GPTConfig(**{f.name: d[f.name] for f in fields(GPTConfig) if f.name in d})

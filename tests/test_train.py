@@ -1,0 +1,86 @@
+"""train.py end to end on CPU: exact gradients across ranks, exact resume, falling loss, bad input."""
+import os
+
+import pytest
+
+from trainer import TINY, latest_checkpoint, load_params, make_dataset, max_rel_diff, metrics, run_train, train_losses
+
+
+@pytest.fixture(scope='module')
+def work(tmp_path_factory):
+    root = tmp_path_factory.mktemp('train')
+    make_dataset(root)
+    return root
+
+
+def test_two_ranks_with_accumulation_match_one_process(work):
+    # Global batch 8: one process in one micro-batch against 2 gloo ranks × 2 micro-batches of 2.
+    common = TINY + ['--batch_size=8', '--max_iters=3', '--eval_interval=100', '--balance=even']
+    run_train(work, *common, '--out_dir=one', '--micro_batch_size=8')
+    run_train(work, *common, '--out_dir=two', '--micro_batch_size=2', nproc=2)
+    one, two = load_params(latest_checkpoint(work / 'one')), load_params(latest_checkpoint(work / 'two'))
+    assert max_rel_diff(two, one) < 1e-6
+    l1, l2 = train_losses(work / 'one'), train_losses(work / 'two')
+    assert sorted(l1) == sorted(l2) == [1, 2, 3]
+    for it in l1:  # the logged loss is the whole batch's, reduced over ranks
+        assert abs(l1[it] - l2[it]) <= 1e-6 * abs(l1[it])
+
+
+def test_resume_continues_exactly(work):
+    common = TINY + ['--batch_size=4', '--eval_interval=2', '--checkpoint_interval=3']
+    run_train(work, *common, '--out_dir=straight', '--max_iters=6')
+    run_train(work, *common, '--out_dir=halves', '--max_iters=3')
+    run_train(work, *common, '--out_dir=halves', '--max_iters=6', '--init_from=resume')
+    a, b = load_params(latest_checkpoint(work / 'straight')), load_params(latest_checkpoint(work / 'halves'))
+    assert all((a[k] == b[k]).all() for k in a)
+    assert metrics(work / 'straight') != [] and train_losses(work / 'straight') == train_losses(work / 'halves')
+    vals = lambda d: {r['iter']: r['val_loss'] for r in metrics(d) if 'val_loss' in r}
+    straight, halves = vals(work / 'straight'), vals(work / 'halves')  # halves also evaluated at its stop
+    assert straight == {it: halves[it] for it in straight}
+
+
+def test_loss_falls_and_log_line_has_progress(work):
+    p = run_train(work, *TINY, '--batch_size=8', '--max_iters=40', '--eval_interval=20', '--out_dir=falls',
+                  '--log_interval=10')
+    losses = train_losses(work / 'falls')
+    assert losses[40] < losses[10] - 0.5, losses
+    line = [ln for ln in p.stdout.splitlines() if ln.startswith('iter 40: loss')][0]
+    for word in ('tok/s', 'mfu n/a', 'mem', 'eta', 'lr'):
+        assert word in line
+    row = [r for r in metrics(work / 'falls') if r.get('loss') is not None][-1]
+    assert {'iter', 'loss', 'lr', 'tokens_per_sec', 'mfu'} <= set(row)
+
+
+def test_keep_last_keeps_n_checkpoints(work):
+    run_train(work, *TINY, '--batch_size=2', '--max_iters=4', '--checkpoint_interval=1', '--keep_last=2',
+              '--out_dir=keep', '--eval_interval=100')
+    assert sorted(os.listdir(work / 'keep')) == ['ckpt_00000003', 'ckpt_00000004', 'metrics.jsonl']
+
+
+@pytest.mark.parametrize('args, words', [
+    (['--lerning_rate=1e-3'], ['unknown config key', 'learning_rate']),
+    (['--batch_size=eight'], ['batch_size', 'expected int']),
+    (['--n_layer=0'], ['n_layer', 'positive']),
+    (['--n_embd=30', '--n_head=4'], ['not divisible']),
+    (['--dataset=nothere'], ['python data/prepare.py']),
+    (['--plan=zero3'], ['plan', 'fsdp']),
+    (['--balance=1,2,3'], ['balance', 'weights']),
+    (['--init_from=resume', '--out_dir=empty'], ['no checkpoint']),
+    (['--block_size=100000'], ['fewer than block_size']),
+    (['--max_iters'], ['--key=value']),
+])
+def test_bad_input_exits_with_one_line(work, args, words):
+    p = run_train(work, *TINY, '--batch_size=2', '--max_iters=1', *args, check=False)
+    assert p.returncode != 0
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and 'Traceback' not in p.stderr, p.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+def test_checkpoint_of_another_model_is_refused(work):
+    run_train(work, *TINY, '--batch_size=2', '--max_iters=1', '--out_dir=other', '--eval_interval=100')
+    p = run_train(work, *TINY, '--batch_size=2', '--max_iters=2', '--out_dir=other', '--init_from=resume',
+                  '--n_layer=3', check=False)
+    assert p.returncode != 0 and 'another model' in p.stderr and 'n_layer' in p.stderr
+    assert os.path.exists(work / 'other' / 'ckpt_00000001' / 'hetgpt.json')  # nothing lost

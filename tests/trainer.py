@@ -1,0 +1,75 @@
+"""Helpers for the tests that run train.py: a small dataset, a launcher, checkpoint readers."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from model import GPT, config_from  # noqa: E402
+
+# A model small enough that a test step takes milliseconds; float32 on CPU, no dropout. No biases:
+# the key bias of attention has an exactly zero gradient (softmax ignores a shift), so AdamW turns
+# its rounding noise into full-size updates that differ between any two summation orders.
+TINY = ['--bias=False', '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32', '--vocab_size=256', '--device=cpu',
+        '--dtype=float32', '--dropout=0.0', '--eval_iters=2', '--log_interval=1', '--warmup_iters=2',
+        '--learning_rate=3e-3', '--min_lr=3e-4', '--lr_decay_iters=20', '--dataset=synth']
+
+
+def make_dataset(root, name='synth', n_train=40_000, n_val=4_000):
+    # Bytes of a repetitive text as tokens (vocab 256): a model can learn it, so losses fall.
+    rng = np.random.default_rng(0)
+    words = [b'the ', b'cat ', b'sat ', b'on ', b'a ', b'mat ', b'and ', b'dog ', b'ran ', b'. ']
+    text = b''.join(words[i] for i in rng.integers(0, len(words), size=(n_train + n_val) // 3))
+    tokens = np.frombuffer(text, dtype=np.uint8).astype(np.uint16)
+    d = os.path.join(root, 'data', name)
+    os.makedirs(d, exist_ok=True)
+    tokens[:n_train].tofile(os.path.join(d, 'train.bin'))
+    tokens[n_train:n_train + n_val].tofile(os.path.join(d, 'val.bin'))
+    return d
+
+
+def run_train(cwd, *args, nproc=1, check=True, timeout=600, env=None):
+    if nproc == 1:
+        cmd = [sys.executable, os.path.join(ROOT, 'train.py')]
+    else:
+        cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={nproc}',
+               os.path.join(ROOT, 'train.py')]
+    full_env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore', **(env or {}))
+    p = subprocess.run(cmd + list(args), cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)
+    if check and p.returncode != 0:
+        raise AssertionError(f"train.py failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}")
+    return p
+
+
+def latest_checkpoint(out_dir):
+    found = sorted(d for d in os.listdir(out_dir) if d.startswith('ckpt_') and not d.endswith('.tmp'))
+    return os.path.join(out_dir, found[-1])
+
+
+def load_params(ckpt_dir):
+    import torch.distributed.checkpoint as dcp
+    meta = json.load(open(os.path.join(ckpt_dir, 'hetgpt.json')))
+    model = GPT(config_from(meta['model_args']))
+    sd = model.state_dict()
+    dcp.load({'model': sd}, checkpoint_id=ckpt_dir)
+    return {k: v.clone() for k, v in sd.items()}
+
+
+def max_rel_diff(a, b):
+    # |a - b| / |b| over all parameters as one vector. Per element it would not be meaningful: AdamW
+    # divides by sqrt(v), so a gradient that is near zero turns summation-order noise into updates.
+    assert a.keys() == b.keys()
+    num = sum(((a[k] - b[k]).double() ** 2).sum() for k in b) ** 0.5
+    return (num / sum((b[k].double() ** 2).sum() for k in b) ** 0.5).item()
+
+
+def metrics(out_dir):
+    return [json.loads(line) for line in open(os.path.join(out_dir, 'metrics.jsonl'))]
+
+
+def train_losses(out_dir):
+    return {r['iter']: r['loss'] for r in metrics(out_dir) if 'loss' in r}

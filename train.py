@@ -1,0 +1,492 @@
+"""
+Trains a GPT on one process, one GPU, or many (DDP or FSDP2, as the planner decides).
+
+$ python train.py configs/gpt_tiny.py --device=cpu
+$ torchrun --standalone --nproc_per_node=8 train.py configs/gpt_13b.py
+$ torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 \
+      train.py configs/gpt_70b.py            # and --node_rank=1 on the second node
+
+batch_size is the GLOBAL number of sequences per optimizer step (as gigaGPT, unlike nanoGPT's
+per-GPU batch_size × gradient_accumulation_steps × world size). How those sequences are spread over
+ranks and micro-batches is the planner's business (plan.py); the gradient is always the gradient
+of the whole batch, as if one device had computed it.
+"""
+import functools
+import json
+import math
+import os
+import re
+import shutil
+import time
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.checkpoint import checkpoint
+
+import plan as planner
+from configurator import configure, die, is_knob
+from model import GPT, GPTConfig, config_from
+
+# -----------------------------------------------------------------------------
+# I/O
+out_dir = 'out'
+init_from = 'scratch'      # 'scratch', 'resume' (latest checkpoint in out_dir), 'auto' (resume if there is one), 'gpt2*'
+dataset = 'pydocs'         # data/<dataset>/{train,val}.bin from data/prepare.py
+eval_interval = 500        # evaluate every this many steps (and at the end)
+eval_iters = 20            # the validation loss is over eval_iters × 8 fixed sequences
+log_interval = 10
+checkpoint_interval = 1000  # and at the end
+keep_last = 2              # complete checkpoints kept in out_dir
+wandb_log = False          # offline unless WANDB_API_KEY is set; never blocks training
+wandb_project = 'hetgpt'
+wandb_run_name = 'run'
+# model
+n_layer = 12
+n_head = 12
+n_embd = 768
+block_size = 1024
+vocab_size = 50304         # GPT-2's 50257 tokens padded to a multiple of 64
+dropout = 0.0
+bias = True
+init_std = 0.02
+# optimizer: AdamW, linear warmup then cosine decay to min_lr
+batch_size = 32            # sequences per optimizer step, all ranks together
+learning_rate = 6e-4
+max_iters = 5000
+weight_decay = 0.1
+beta1 = 0.9
+beta2 = 0.95
+adam_eps = 1e-8
+grad_clip = 1.0            # 0 disables clipping
+warmup_iters = 100
+lr_decay_iters = 5000
+min_lr = 6e-5
+# system
+seed = 1337
+device = 'auto'            # 'auto' (cuda if available), 'cpu', 'cuda'
+dtype = 'auto'             # 'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'
+compile = False            # torch.compile each block
+plan = 'auto'              # auto|ddp|ddp+ac|fsdp|fsdp+ac|fsdp+offload|fsdp+ac+offload
+micro_batch_size = 0       # sequences per forward on each rank; 0 = the planner's choice
+memory_fraction = 0.9      # of each device's memory the planner may use
+balance = 'auto'           # split of the batch over ranks: 'auto' (measured speed), 'even', or weights '3,1,1'
+rebalance_interval = 50    # steps between re-measuring the ranks' speed (balance=auto)
+# -----------------------------------------------------------------------------
+config = configure({k: v for k, v in globals().items() if is_knob(k, v)})
+globals().update(config)
+for k in ('n_layer', 'n_head', 'n_embd', 'block_size', 'vocab_size', 'batch_size', 'max_iters', 'eval_iters',
+          'log_interval', 'eval_interval', 'checkpoint_interval', 'keep_last'):
+    if config[k] <= 0:
+        die(f"{k}={config[k]} must be positive")
+if n_embd % n_head:
+    die(f"n_embd={n_embd} is not divisible by n_head={n_head}; pick n_head among "
+        f"{[h for h in range(1, 129) if n_embd % h == 0][-6:]}")
+if plan not in ('auto',) + planner.STRATEGIES:
+    die(f"plan={plan!r}: choose auto or one of {', '.join(planner.STRATEGIES)}")
+
+# distributed set-up: every run has a process group, one rank or many, so the code has one path
+world_size = int(os.environ.get('WORLD_SIZE', 1))
+rank, local_rank = int(os.environ.get('RANK', 0)), int(os.environ.get('LOCAL_RANK', 0))
+local_world = int(os.environ.get('LOCAL_WORLD_SIZE', 1))
+if device == 'auto':
+    device = 'cuda' if torch.cuda.is_available() else 'cpu'
+if device.startswith('cuda'):
+    device = f'cuda:{local_rank}'
+    torch.cuda.set_device(device)
+device_type = 'cuda' if device.startswith('cuda') else 'cpu'
+backend = 'nccl' if device_type == 'cuda' else 'gloo'
+if world_size > 1:
+    dist.init_process_group(backend)
+else:
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+master = rank == 0
+if dtype == 'auto':
+    dtype = 'bfloat16' if device_type == 'cuda' and torch.cuda.is_bf16_supported() else 'float32'
+ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
+if device_type == 'cuda':
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+
+
+def log(*args):
+    if master:
+        print(*args, flush=True)
+
+
+# -----------------------------------------------------------------------------
+# data: a flat uint16 token file per split. The sequences of the global batch at step k are a fixed
+# function of (seed, k), whatever the world size, split or micro-batching: resume and uneven splits
+# across ranks are exact because every rank agrees on the batch and takes its own slice.
+def load_tokens(split):
+    path = os.path.join('data', dataset, f'{split}.bin')
+    if not os.path.exists(path):
+        die(f"no {path}: run python data/prepare.py --dataset {dataset} (or --input FILES --name {dataset})")
+    if os.path.getsize(path) % 2:
+        die(f"{path} has an odd number of bytes: it is truncated or not uint16; run data/prepare.py again")
+    tokens = np.memmap(path, dtype=np.uint16, mode='r')
+    if len(tokens) <= block_size + 1:
+        die(f"{path} has {len(tokens)} tokens, fewer than block_size+1={block_size + 1}; "
+            f"lower block_size or prepare more data")
+    return tokens
+
+
+data = {split: load_tokens(split) for split in ('train', 'val')}
+
+
+def batch_offsets(split, step, n):
+    rng = np.random.default_rng([seed, step + 1, 0 if split == "train" else 1])  # step -1: fixed sets
+    return rng.integers(0, len(data[split]) - block_size, size=n)
+
+
+def get_batch(split, offsets):
+    tokens = data[split]
+    x = np.stack([tokens[i:i + block_size] for i in offsets]).astype(np.int64)
+    y = np.stack([tokens[i + 1:i + 1 + block_size] for i in offsets]).astype(np.int64)
+    if x.max(initial=0) >= vocab_size or y.max(initial=0) >= vocab_size:
+        die(f"data/{dataset}/{split}.bin holds token ids >= vocab_size={vocab_size}: wrong tokenizer or dtype")
+    x, y = torch.from_numpy(x), torch.from_numpy(y)
+    if device_type == 'cuda':
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    return x, y
+
+
+# -----------------------------------------------------------------------------
+# checkpoints: out_dir/ckpt_<iter>/ written by torch.distributed.checkpoint (every rank its shard;
+# loads under any strategy and world size), made visible by renaming from .tmp when complete.
+def checkpoints():
+    if not os.path.isdir(out_dir):
+        return []
+    return sorted(os.path.join(out_dir, d) for d in os.listdir(out_dir) if re.fullmatch(r'ckpt_\d{8}', d))
+
+
+def save_checkpoint(step):
+    final = os.path.join(out_dir, f'ckpt_{step:08d}')
+    tmp = final + '.tmp'
+    if master:
+        shutil.rmtree(tmp, ignore_errors=True)
+    dist.barrier()
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({'model': model_sd, 'optim': optim_sd}, checkpoint_id=tmp)
+    if master:
+        with open(os.path.join(tmp, 'hetgpt.json'), 'w') as f:
+            json.dump({'iter': step, 'model_args': vars(model_args), 'config': config}, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        for old in checkpoints()[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+    dist.barrier()
+
+
+def load_checkpoint(path):
+    meta = json.load(open(os.path.join(path, 'hetgpt.json')))
+    if meta['model_args'] != vars(model_args):
+        diff = {k: (v, meta['model_args'].get(k)) for k, v in vars(model_args).items() if meta['model_args'].get(k) != v}
+        die(f"{path} holds another model ({', '.join(f'{k}={b} here {a}' for k, (a, b) in diff.items())}); "
+            f"use its config, another out_dir, or init_from=scratch")
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.load({'model': model_sd, 'optim': optim_sd}, checkpoint_id=path)
+    set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
+    return meta['iter']
+
+
+# -----------------------------------------------------------------------------
+# model and plan
+resume_from = None
+if init_from in ('resume', 'auto'):
+    found = checkpoints()
+    if found:
+        resume_from = found[-1]
+    elif init_from == 'resume':
+        die(f"init_from=resume but {out_dir} has no checkpoint; train first or use init_from=auto")
+torch.manual_seed(seed)
+if init_from.startswith('gpt2'):
+    raw_model = GPT.from_pretrained(init_from, dropout=dropout)
+    model_args = raw_model.config
+else:
+    model_args = config_from(config)
+    raw_model = GPT(model_args)
+if model_args.block_size < block_size:
+    die(f"block_size={block_size} exceeds the model's {model_args.block_size}")
+
+# What each rank has, for the planner: its device and memory, and its node's host memory.
+host_bytes = planner.host_memory_available()
+me = dict(device=device_type, node=rank // local_world, host_mem=host_bytes,
+          gpu=planner.gpu_key(torch.cuda.get_device_name()) if device_type == 'cuda' else None,
+          mem=torch.cuda.mem_get_info()[0] if device_type == 'cuda' else host_bytes // local_world,
+          overhead=torch.cuda.memory_reserved() if device_type == 'cuda' else 0)
+ranks = [None] * world_size
+dist.all_gather_object(ranks, me)
+run_plan = planner.make_plan(model_args, batch_size, ranks, plan=plan, micro_batch_size=micro_batch_size,
+                             memory_fraction=memory_fraction, dtype=dtype)
+if not run_plan.fits:
+    die(f"plan {plan}: does not fit: {run_plan.advice}")
+log(run_plan.table())
+
+# Apply the plan, in this order: activation checkpointing, then compile, then FSDP/DDP wrapping
+# (compile sees the checkpointed blocks; FSDP wraps the compiled ones; torchtitan's order).
+if run_plan.ac:
+    for block in raw_model.transformer.h:
+        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+if compile:
+    for block in raw_model.transformer.h:
+        block.compile()
+autocast = nullcontext()
+if run_plan.shard:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+    # fully_shard moves each parameter to the mesh's device as it shards it: the whole model never
+    # has to fit on one GPU.
+    fsdp_kw = dict(mesh=init_device_mesh(device_type, (world_size,)),mp_policy=MixedPrecisionPolicy(param_dtype=ptdtype, reduce_dtype=torch.float32),
+                   offload_policy=CPUOffloadPolicy(pin_memory=device_type == 'cuda') if run_plan.offload else OffloadPolicy())
+    for block in raw_model.transformer.h:
+        fully_shard(block, reshard_after_forward=run_plan.reshard_after_forward, **fsdp_kw)
+    model = fully_shard(raw_model, **fsdp_kw)
+    fsdp_modules = [m for m in model.modules() if hasattr(m, 'set_requires_gradient_sync')]
+else:
+    raw_model.to(device)
+    if ptdtype != torch.float32:  # DDP keeps float32 weights; matmuls run in ptdtype
+        autocast = torch.autocast(device_type=device_type, dtype=ptdtype)
+    model = DDP(raw_model, gradient_as_bucket_view=True) if world_size > 1 else raw_model
+
+decay = [p for p in model.parameters() if p.dim() >= 2]   # matmul weights and embeddings
+no_decay = [p for p in model.parameters() if p.dim() < 2]  # biases and LayerNorm gains
+groups = [{'params': decay, 'weight_decay': weight_decay}, {'params': no_decay, 'weight_decay': 0.0}]
+try:
+    optimizer = torch.optim.AdamW(groups, lr=learning_rate, betas=(beta1, beta2), eps=adam_eps, fused=True)
+except (RuntimeError, TypeError):  # no fused kernel for this device or torch version
+    optimizer = torch.optim.AdamW(groups, lr=learning_rate, betas=(beta1, beta2), eps=adam_eps, foreach=True)
+scaler = torch.amp.GradScaler(device_type, enabled=dtype == 'float16')
+
+iter_num = 0
+if resume_from:
+    iter_num = load_checkpoint(resume_from)
+    log(f"resumed from {resume_from} at iter {iter_num}")
+os.makedirs(out_dir, exist_ok=True)
+metrics_path = os.path.join(out_dir, 'metrics.jsonl')
+if master:  # keep only what happened before the checkpoint we continue from
+    rows = [line for line in open(metrics_path)] if os.path.exists(metrics_path) and resume_from else []
+    with open(metrics_path, 'w') as f:
+        f.writelines(r for r in rows if json.loads(r)['iter'] <= iter_num)
+
+
+def get_lr(it):
+    if it < warmup_iters:
+        return learning_rate * (it + 1) / (warmup_iters + 1)
+    if it > lr_decay_iters:
+        return min_lr
+    ratio = (it - warmup_iters) / max(1, lr_decay_iters - warmup_iters)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
+
+
+def micro_batch_sizes(shares):
+    # Under DDP ranks may run different numbers of micro-batches (all but the last under no_sync);
+    # FSDP2 all-gathers in every forward, so there all ranks run the same number, of varying size.
+    counts = [math.ceil(n / c) if n else 1 for n, c in zip(shares, caps)]
+    count = max(counts) if run_plan.shard else counts[rank]
+    return planner.micro_batches(shares[rank], caps[rank], count)
+
+
+def clock(sync):
+    if sync and device_type == 'cuda':
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def forward(split, offsets, weight):
+    # Sum of token losses, × weight. An empty micro-batch runs one sequence × 0 so that this rank
+    # still issues the collectives of a forward and backward.
+    x, y = get_batch(split, offsets if len(offsets) else batch_offsets(split, -1, 1))
+    with autocast:
+        _, loss = model(x, y, reduction='sum')
+    return loss * (weight if len(offsets) else 0.0), loss.detach() * bool(len(offsets))
+
+
+def forward_backward(offsets, sizes, weight, reduce=True, timed=False):
+    # This rank's micro-batches; gradients are reduced across ranks after the last one only.
+    # Returns the summed token loss and this rank's compute time (with timed: the last backward
+    # also waits for the reduction, so it is counted as twice its forward, as backward FLOPs are).
+    loss_total, compute, done = torch.zeros((), device=device), 0.0, 0
+    for i, size in enumerate(sizes):
+        reduce_now = reduce and i == len(sizes) - 1
+        if run_plan.shard:
+            for m in fsdp_modules:
+                m.set_requires_gradient_sync(reduce_now)
+        with model.no_sync() if isinstance(model, DDP) and not reduce_now else nullcontext():
+            t0 = clock(timed)
+            loss, loss_sum = forward('train', offsets[done:done + size], weight)
+            t1 = clock(timed)
+            scaler.scale(loss).backward()
+            compute += 3 * (t1 - t0) if reduce_now else clock(timed) - t0
+        loss_total += loss_sum.float()
+        done += size
+    return loss_total, compute
+
+
+# -----------------------------------------------------------------------------
+# Heterogeneous ranks. Rank r's step time is modelled as t_r(n) = c0_r + c1_r·n for n sequences;
+# the split of the global batch minimises the slowest rank's time (planner.split_batch).
+def share_caps():
+    # Under FSDP all ranks run the same number K of micro-batches: a rank takes at most K × its cap.
+    k = math.ceil(batch_size / sum(caps))
+    return [k * c for c in caps] if run_plan.shard else [batch_size] * world_size
+
+
+def measure_speed():
+    # Forward+backward without gradient sync at two micro-batch sizes (after a warm-up), fitted.
+    b1, b2 = max(1, caps[rank] // 2), caps[rank]
+    offsets = batch_offsets('train', -1, b2)
+    t = [forward_backward(offsets, [b], 0.0, reduce=False, timed=True)[1] for b in (b1, b1, b2)]
+    optimizer.zero_grad(set_to_none=True)
+    c1 = (t[2] - t[1]) / (b2 - b1) if b2 > b1 and t[2] > t[1] else t[2] / b2
+    c0 = max(0.0, t[2] - c1 * b2)
+    fits = [None] * world_size
+    dist.all_gather_object(fits, (c0, c1))
+    return [f[0] for f in fits], [f[1] for f in fits]
+
+
+def step_time(split, c0, c1):
+    return max(a + b * n for a, b, n in zip(c0, c1, split))
+
+
+def choose_split(current, c0, c1):
+    # Move to the best split only when it is predicted to be more than 3% faster: noise in the
+    # measurement must not make the split wander.
+    best = planner.split_batch(batch_size, c0, c1, share_caps())
+    return best if step_time(best, c0, c1) < 0.97 * step_time(current, c0, c1) else current
+
+
+caps = run_plan.micro_batch
+shares = planner.split_batch(batch_size, [0.0] * world_size, [1.0] * world_size, share_caps())  # even
+if balance == 'auto' and world_size > 1:
+    speed_c0, speed_c1 = measure_speed()
+    shares = choose_split(shares, speed_c0, speed_c1)
+elif balance not in ('auto', 'even'):
+    try:
+        weights = [float(w) for w in balance.split(',')]
+        assert len(weights) == world_size and min(weights) > 0
+    except (ValueError, AssertionError):
+        die(f"balance={balance!r}: give auto, even, or {world_size} positive weights like " + ','.join(['1'] * world_size))
+    shares = planner.split_batch(batch_size, [0.0] * world_size, [1 / w for w in weights], share_caps())
+
+
+@torch.no_grad()
+def evaluate():
+    model.eval()
+    offsets = batch_offsets('val', -1, eval_iters * 8)  # the same fixed sequences every time
+    mine = np.array_split(offsets, world_size)[rank]
+    count = torch.tensor(math.ceil(len(mine) / caps[rank]) or 1)
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    total = torch.zeros((), device=device)
+    for piece in np.array_split(mine, int(count)):
+        total += forward('val', piece, 1.0)[1].float()
+    dist.all_reduce(total)
+    model.train()
+    return total.item() / (len(offsets) * block_size)
+
+
+peak = planner.peak_flops(me['gpu'], dtype) if me['gpu'] else None
+peak_sum = torch.tensor(peak or float('nan'), dtype=torch.float64)  # nan when any rank's peak is unknown
+dist.all_reduce(peak_sum)
+flops_per_token = raw_model.flops_per_token(block_size)
+tokens_per_step = batch_size * block_size
+wandb_run = None
+if wandb_log and master:
+    try:
+        import wandb
+        mode = os.environ.get('WANDB_MODE') or ('online' if os.environ.get('WANDB_API_KEY') else 'offline')
+        wandb_run = wandb.init(project=wandb_project, name=wandb_run_name, config=config, mode=mode,
+                               dir=out_dir, settings=wandb.Settings(init_timeout=30))
+    except Exception as e:  # logging must never stop training
+        log(f"wandb disabled: {type(e).__name__}: {e}")
+
+
+def record(row):
+    if master:
+        with open(metrics_path, 'a') as f:
+            f.write(json.dumps(row) + '\n')
+        if wandb_run:
+            wandb_run.log(row, step=row['iter'])
+
+
+log(f"{raw_model.num_params(False):,} parameters; {world_size} rank(s) on {device_type}, {dtype}; "
+    f"{tokens_per_step:,} tokens per step; shares {shares}")
+if iter_num == 0 and not resume_from:
+    val = evaluate()
+    log(f"iter 0: val loss {val:.4f}")
+    record({'iter': 0, 'tokens': 0, 'val_loss': val})
+busy = torch.zeros(2, dtype=torch.float64)  # smoothed (compute, whole step) seconds of this rank
+t_log, steps_since, loss_acc = time.perf_counter(), 0, torch.zeros((), device=device)
+while iter_num < max_iters:
+    torch.manual_seed(seed + 1_000_003 * iter_num + rank)  # dropout: a function of (seed, step, rank)
+    lr = get_lr(iter_num)
+    for group in optimizer.param_groups:
+        group['lr'] = lr
+    start = sum(shares[:rank])
+    offsets = batch_offsets('train', iter_num, batch_size)[start:start + shares[rank]]
+    # loss = sum of token losses / tokens of the whole batch; × world_size undoes DDP's and FSDP's
+    # averaging over ranks, so the reduced gradient is that of the whole batch.
+    # Per-rank compute time: always on CPU; on CUDA (it synchronises) in the steps before a rebalance.
+    timed = world_size > 1 and (device_type == 'cpu' or iter_num % rebalance_interval >= rebalance_interval - 5)
+    t_step = clock(timed)
+    loss_sum, compute = forward_backward(offsets, micro_batch_sizes(shares), world_size / tokens_per_step, timed=timed)
+    loss_acc += loss_sum
+    if grad_clip > 0:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    iter_num += 1
+    steps_since += 1
+    if timed:
+        busy = 0.7 * busy + 0.3 * torch.tensor([compute, clock(True) - t_step], dtype=torch.float64)
+    if balance == 'auto' and world_size > 1 and iter_num % rebalance_interval == 0:
+        # Refit c1 from the smoothed compute time of the last steps (not the wait in collectives).
+        times = [None] * world_size
+        dist.all_gather_object(times, float(busy[0]))
+        speed_c1 = [max(t - a, 0.05 * t) / n if n else b for t, a, b, n in zip(times, speed_c0, speed_c1, shares)]
+        new = choose_split(shares, speed_c0, speed_c1)
+        if new != shares:
+            log(f"iter {iter_num}: rebalanced {shares} -> {new} (predicted step "
+                f"{step_time(shares, speed_c0, speed_c1):.3f}s -> {step_time(new, speed_c0, speed_c1):.3f}s)")
+            shares = new
+
+    if iter_num % log_interval == 0 or iter_num == max_iters:
+        dist.all_reduce(loss_acc)  # the whole global batch's loss, not rank 0's share
+        loss_val = loss_acc.item() / (steps_since * tokens_per_step)
+        dt = (time.perf_counter() - t_log) / steps_since
+        tps = tokens_per_step / dt
+        mfu = flops_per_token * tps / peak_sum.item()
+        mem = torch.cuda.max_memory_allocated() / 2**30 if device_type == 'cuda' else planner.peak_rss() / 2**30
+        eta = dt * (max_iters - iter_num)
+        log(f"iter {iter_num}: loss {loss_val:.4f}, lr {lr:.2e}, {tps:,.0f} tok/s, "
+            f"mfu {'n/a' if math.isnan(mfu) else f'{100 * mfu:.1f}%'}, mem {mem:.2f} GiB, "
+            f"eta {eta / 3600:.0f}h{eta % 3600 / 60:02.0f}m")
+        record({'iter': iter_num, 'tokens': iter_num * tokens_per_step, 'loss': loss_val, 'lr': lr,
+                'tokens_per_sec': tps, 'mfu': None if math.isnan(mfu) else mfu, 'mem_gib': mem})
+        if world_size > 1 and busy[1] > 0:  # each rank's share, idle fraction and MFU on its own peak
+            stats = [None] * world_size
+            dist.all_gather_object(stats, (float(busy[0]), float(busy[1]), peak))
+            log('  ' + '; '.join(f"rank {r}: {n} seq, idle {max(0, 1 - c / w):.0%}" + (
+                f", mfu {flops_per_token * n * block_size / w / p:.0%}" if p else '')
+                for r, (n, (c, w, p)) in enumerate(zip(shares, stats))))
+        t_log, steps_since, loss_acc = time.perf_counter(), 0, torch.zeros((), device=device)
+    t_pause = time.perf_counter()  # evaluation and checkpoints are not step time
+    if iter_num % eval_interval == 0 or iter_num == max_iters:
+        val = evaluate()
+        log(f"iter {iter_num}: val loss {val:.4f}")
+        record({'iter': iter_num, 'tokens': iter_num * tokens_per_step, 'val_loss': val})
+    if iter_num % checkpoint_interval == 0 or iter_num == max_iters:
+        save_checkpoint(iter_num)
+    t_log += time.perf_counter() - t_pause
+
+if wandb_run:
+    wandb_run.finish()
+dist.barrier()  # without it one run in three aborted at exit on gloo
+dist.destroy_process_group()
