@@ -330,13 +330,8 @@ def forward_backward(offsets, sizes, weight, reduce=True, timed=False):
 
 # -----------------------------------------------------------------------------
 # Heterogeneous ranks. Rank r's step time is modelled as t_r(n) = c0_r + c1_r·n for n sequences;
-# the split of the global batch minimises the slowest rank's time (planner.split_batch).
-def share_caps():
-    # Under FSDP all ranks run the same number K of micro-batches: a rank takes at most K × its cap.
-    k = math.ceil(batch_size / sum(caps))
-    return [k * c for c in caps] if run_plan.shard else [batch_size] * world_size
-
-
+# the split of the global batch minimises the slowest rank's time (planner.split_batch). A share
+# has no memory cap: it runs in micro-batches of at most the rank's cap, accumulating.
 def measure_speed():
     # Forward+backward without gradient sync at two micro-batch sizes (after a warm-up), fitted.
     b1, b2 = max(1, caps[rank] // 2), caps[rank]
@@ -357,12 +352,12 @@ def step_time(split, c0, c1):
 def choose_split(current, c0, c1):
     # Move to the best split only when it is predicted to be more than 3% faster: noise in the
     # measurement must not make the split wander.
-    best = planner.split_batch(batch_size, c0, c1, share_caps())
+    best = planner.split_batch(batch_size, c0, c1, [batch_size] * world_size)
     return best if step_time(best, c0, c1) < 0.97 * step_time(current, c0, c1) else current
 
 
 caps = run_plan.micro_batch
-shares = planner.split_batch(batch_size, [0.0] * world_size, [1.0] * world_size, share_caps())  # even
+shares = planner.split_batch(batch_size, [0.0] * world_size, [1.0] * world_size, [batch_size] * world_size)  # even
 if balance == 'auto' and world_size > 1:
     speed_c0, speed_c1 = measure_speed()
     shares = choose_split(shares, speed_c0, speed_c1)
@@ -372,7 +367,7 @@ elif balance not in ('auto', 'even'):
         assert len(weights) == world_size and min(weights) > 0
     except (ValueError, AssertionError):
         die(f"balance={balance!r}: give auto, even, or {world_size} positive weights like " + ','.join(['1'] * world_size))
-    shares = planner.split_batch(batch_size, [0.0] * world_size, [1 / w for w in weights], share_caps())
+    shares = planner.split_batch(batch_size, [0.0] * world_size, [1 / w for w in weights], [batch_size] * world_size)
 
 
 @torch.no_grad()

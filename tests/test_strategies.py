@@ -1,0 +1,54 @@
+"""Every memory strategy and every split of the batch computes the same training run (float32, CPU)."""
+import pytest
+
+from trainer import TINY, latest_checkpoint, load_params, make_dataset, max_rel_diff, run_train, train_losses
+
+COMMON = TINY + ['--batch_size=8', '--max_iters=3', '--eval_interval=100']
+
+
+@pytest.fixture(scope='module')
+def work(tmp_path_factory):
+    root = tmp_path_factory.mktemp('strategies')
+    make_dataset(root)
+    run_train(root, *COMMON, '--out_dir=reference', '--micro_batch_size=8', '--plan=ddp')
+    return root
+
+
+def same_run(work, out_dir, tol):
+    ref, got = load_params(latest_checkpoint(work / 'reference')), load_params(latest_checkpoint(work / out_dir))
+    assert max_rel_diff(got, ref) < tol
+    l_ref, l_got = train_losses(work / 'reference'), train_losses(work / out_dir)
+    assert l_ref.keys() == l_got.keys()
+    assert all(abs(l_ref[k] - l_got[k]) <= tol * abs(l_ref[k]) for k in l_ref)
+
+
+@pytest.mark.parametrize('strategy', ['ddp', 'ddp+ac', 'fsdp', 'fsdp+ac', 'fsdp+offload'])
+def test_strategy_on_two_ranks_matches_one_process(work, strategy):
+    out = 'two_' + strategy.replace('+', '_')
+    run_train(work, *COMMON, f'--out_dir={out}', f'--plan={strategy}', '--micro_batch_size=2', '--balance=even',
+              nproc=2)
+    same_run(work, out, 1e-5)
+
+
+@pytest.mark.parametrize('strategy', ['ddp', 'fsdp'])
+@pytest.mark.parametrize('weights', ['5,2,1', '1,1,6'])
+def test_uneven_split_on_three_ranks_matches_one_process(work, strategy, weights):
+    # DDP: micro-batches of at most 2, so ranks run 3, 1, 1 (or 1, 1, 3) micro-batches; FSDP: all ranks
+    # run the same number, of different sizes.
+    out = f"split_{strategy}_{weights.replace(',', '')}"
+    p = run_train(work, *COMMON, f'--out_dir={out}', f'--plan={strategy}', '--micro_batch_size=2',
+                  f'--balance={weights}', nproc=3)
+    assert f"shares [{weights.replace(',', ', ')}]" in p.stdout
+    same_run(work, out, 1e-5)
+
+
+def test_checkpoint_from_fsdp_on_two_ranks_resumes_under_ddp_on_one(work):
+    common = TINY + ['--batch_size=8', '--max_iters=6', '--eval_interval=100', '--checkpoint_interval=3']
+    run_train(work, *common, '--out_dir=straight', '--plan=ddp')
+    run_train(work, *common, '--out_dir=moved', '--plan=fsdp', '--max_iters=3', '--micro_batch_size=4',
+              '--balance=even', nproc=2)
+    run_train(work, *common, '--out_dir=moved', '--plan=ddp', '--init_from=resume')
+    assert max_rel_diff(load_params(latest_checkpoint(work / 'moved')),
+                        load_params(latest_checkpoint(work / 'straight'))) < 1e-5
+    a, b = train_losses(work / 'straight'), train_losses(work / 'moved')
+    assert a.keys() == b.keys() and all(abs(a[k] - b[k]) <= 1e-5 * a[k] for k in a)
