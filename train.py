@@ -226,7 +226,6 @@ run_plan = planner.make_plan(model_args, batch_size, ranks, plan=plan, micro_bat
                              memory_fraction=memory_fraction, dtype=dtype)
 if not run_plan.fits:
     die(f"plan {plan}: does not fit: {run_plan.advice}")
-log(run_plan.table())
 
 # Apply the plan, in this order: activation checkpointing, then compile, then FSDP/DDP wrapping
 # (compile sees the checkpointed blocks; FSDP wraps the compiled ones; torchtitan's order).
@@ -263,18 +262,6 @@ except (RuntimeError, TypeError):  # no fused kernel for this device or torch ve
     optimizer = torch.optim.AdamW(groups, lr=learning_rate, betas=(beta1, beta2), eps=adam_eps, foreach=True)
 scaler = torch.amp.GradScaler(device_type, enabled=dtype == 'float16')
 
-iter_num = 0
-if resume_from:
-    iter_num = load_checkpoint(resume_from)
-    log(f"resumed from {resume_from} at iter {iter_num}")
-os.makedirs(out_dir, exist_ok=True)
-metrics_path = os.path.join(out_dir, 'metrics.jsonl')
-if master:  # keep only what happened before the checkpoint we continue from
-    rows = [line for line in open(metrics_path)] if os.path.exists(metrics_path) and resume_from else []
-    with open(metrics_path, 'w') as f:
-        f.writelines(r for r in rows if json.loads(r)['iter'] <= iter_num)
-
-
 def get_lr(it):
     if it < warmup_iters:
         return learning_rate * (it + 1) / (warmup_iters + 1)
@@ -308,21 +295,22 @@ def forward(split, offsets, weight):
 
 
 def forward_backward(offsets, sizes, weight, reduce=True, timed=False):
-    # This rank's micro-batches; gradients are reduced across ranks after the last one only.
-    # Returns the summed token loss and this rank's compute time (with timed: the last backward
+    # This rank's micro-batches. DDP reduces gradients after the last one only; FSDP reduce-scatters
+    # after each one, so that gradients stay sharded (an unsharded accumulation would cost a full
+    # model of gradients on every rank). Returns the summed token loss and this rank's compute time (with timed: the last backward
     # also waits for the reduction, so it is counted as twice its forward, as backward FLOPs are).
     loss_total, compute, done = torch.zeros((), device=device), 0.0, 0
     for i, size in enumerate(sizes):
-        reduce_now = reduce and i == len(sizes) - 1
+        reduce_now = reduce and (run_plan.shard or i == len(sizes) - 1)
         if run_plan.shard:
             for m in fsdp_modules:
-                m.set_requires_gradient_sync(reduce_now)
+                m.set_requires_gradient_sync(reduce)
         with model.no_sync() if isinstance(model, DDP) and not reduce_now else nullcontext():
             t0 = clock(timed)
             loss, loss_sum = forward('train', offsets[done:done + size], weight)
             t1 = clock(timed)
             scaler.scale(loss).backward()
-            compute += 3 * (t1 - t0) if reduce_now else clock(timed) - t0
+            compute += 3 * (t1 - t0) if reduce_now and i == len(sizes) - 1 else clock(timed) - t0
         loss_total += loss_sum.float()
         done += size
     return loss_total, compute
@@ -357,6 +345,46 @@ def choose_split(current, c0, c1):
 
 
 caps = run_plan.micro_batch
+# Check the plan on the real device: one forward+backward at each rank's micro-batch cap and one AdamW
+# step with lr 0 (it allocates the optimizer state and leaves the weights as they are). A rank that
+# runs out of memory halves its micro-batch and all probe again.
+while True:
+    if device_type == 'cuda':
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    try:
+        forward_backward(batch_offsets('train', -1, caps[rank]), [caps[rank]], 0.0, reduce=False)
+        for group in optimizer.param_groups:
+            group['lr'] = 0.0
+        optimizer.step()
+        oom = 0
+    except torch.cuda.OutOfMemoryError:
+        oom = 1
+    optimizer.zero_grad(set_to_none=True)
+    optimizer.state.clear()
+    flags = torch.tensor([oom, caps[rank] if oom else 0])
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    if not flags[0]:
+        break
+    if flags[1] == 1:
+        die(f"out of memory at micro-batch 1 under plan {run_plan.strategy}: try the next rung, "
+            f"plan={planner.STRATEGIES[min(planner.STRATEGIES.index(run_plan.strategy) + 1, len(planner.STRATEGIES) - 1)]}")
+    caps[rank] = max(1, caps[rank] // 2) if oom else caps[rank]
+    dist.all_gather_object(caps, caps[rank])
+    log(f"out of memory in the probe step: micro-batches now {caps}")
+measured = [None] * world_size
+dist.all_gather_object(measured, {'total': torch.cuda.max_memory_reserved() if device_type == 'cuda' else planner.peak_rss()})
+log(run_plan.table(measured))
+iter_num = 0
+if resume_from:
+    iter_num = load_checkpoint(resume_from)
+    log(f"resumed from {resume_from} at iter {iter_num}")
+os.makedirs(out_dir, exist_ok=True)
+metrics_path = os.path.join(out_dir, 'metrics.jsonl')
+if master:  # keep only what happened before the checkpoint we continue from
+    rows = [line for line in open(metrics_path)] if os.path.exists(metrics_path) and resume_from else []
+    with open(metrics_path, 'w') as f:
+        f.writelines(r for r in rows if json.loads(r)['iter'] <= iter_num)
 shares = planner.split_batch(batch_size, [0.0] * world_size, [1.0] * world_size, [batch_size] * world_size)  # even
 if balance == 'auto' and world_size > 1:
     speed_c0, speed_c1 = measure_speed()
