@@ -17,6 +17,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import time
 from contextlib import nullcontext
 
@@ -63,6 +64,7 @@ beta1 = 0.9
 beta2 = 0.95
 adam_eps = 1e-8
 grad_clip = 1.0            # 0 disables clipping
+max_bad_steps = 5          # stop after this many steps in a row with non-finite loss or gradients
 warmup_iters = 100
 lr_decay_iters = 5000
 min_lr = 6e-5
@@ -74,6 +76,7 @@ compile = False            # torch.compile each block
 plan = 'auto'              # auto|ddp|ddp+ac|fsdp|fsdp+ac|fsdp+offload|fsdp+ac+offload
 micro_batch_size = 0       # sequences per forward on each rank; 0 = the planner's choice
 memory_fraction = 0.9      # of each device's memory the planner may use
+init_device = 'auto'       # 'cpu': whole model on the host first; 'meta': each rank makes its shard; 'auto'
 balance = 'auto'           # split of the batch over ranks: 'auto' (measured speed), 'even', or weights '3,1,1'
 rebalance_interval = 50    # steps between re-measuring the ranks' speed (balance=auto)
 # -----------------------------------------------------------------------------
@@ -86,8 +89,31 @@ for k in ('n_layer', 'n_head', 'n_embd', 'block_size', 'vocab_size', 'batch_size
 if n_embd % n_head:
     die(f"n_embd={n_embd} is not divisible by n_head={n_head}; pick n_head among "
         f"{[h for h in range(1, 129) if n_embd % h == 0][-6:]}")
+for ok, msg in [
+        (learning_rate > 0 and 0 <= min_lr <= learning_rate, f"learning_rate={learning_rate}, min_lr={min_lr}: need 0 <= min_lr <= learning_rate, learning_rate > 0"),
+        (warmup_iters >= 0 and lr_decay_iters >= 0, "warmup_iters and lr_decay_iters must be >= 0"),
+        (weight_decay >= 0 and grad_clip >= 0, "weight_decay and grad_clip must be >= 0 (grad_clip=0 disables clipping)"),
+        (0 <= dropout < 1, f"dropout={dropout} must be in [0, 1)"),
+        (0 < memory_fraction <= 1, f"memory_fraction={memory_fraction} must be in (0, 1]"),
+        (dtype in ('auto', 'float32', 'bfloat16', 'float16'), f"dtype={dtype!r}: choose auto, float32, bfloat16 or float16"),
+        (device in ('auto', 'cpu', 'cuda') or device.startswith('cuda:'), f"device={device!r}: choose auto, cpu or cuda"),
+        (init_from in ('scratch', 'resume', 'auto') or init_from.startswith('gpt2'),
+         f"init_from={init_from!r}: choose scratch, resume, auto, or gpt2, gpt2-medium, gpt2-large, gpt2-xl"),
+        (init_device in ('auto', 'cpu', 'meta'), f"init_device={init_device!r}: choose auto, cpu or meta")]:
+    if not ok:
+        die(msg)
 if plan not in ('auto',) + planner.STRATEGIES:
     die(f"plan={plan!r}: choose auto or one of {', '.join(planner.STRATEGIES)}")
+
+if batch_size < int(os.environ.get('WORLD_SIZE', 1)):
+    die(f"batch_size={batch_size} cannot feed {os.environ['WORLD_SIZE']} ranks: raise batch_size or use fewer ranks")
+try:  # fail now, not at the first checkpoint an hour from here
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, f'.write_test_{os.environ.get("RANK", 0)}'), 'w'):
+        pass
+    os.remove(os.path.join(out_dir, f'.write_test_{os.environ.get("RANK", 0)}'))
+except OSError as e:
+    die(f"out_dir={out_dir!r} is not writable ({e.strerror}); choose another out_dir")
 
 # distributed set-up: every run has a process group, one rank or many, so the code has one path
 world_size = int(os.environ.get('WORLD_SIZE', 1))
@@ -96,12 +122,18 @@ local_world = int(os.environ.get('LOCAL_WORLD_SIZE', 1))
 if device == 'auto':
     device = 'cuda' if torch.cuda.is_available() else 'cpu'
 if device.startswith('cuda'):
+    if not torch.cuda.is_available():
+        die(f"device={device} but this torch sees no CUDA device; use --device=cpu")
     device = f'cuda:{local_rank}'
     torch.cuda.set_device(device)
 device_type = 'cuda' if device.startswith('cuda') else 'cpu'
 backend = 'nccl' if device_type == 'cuda' else 'gloo'
 if world_size > 1:
-    dist.init_process_group(backend)
+    # torchrun's store outlives a restart of the group: without a prefix per attempt the new ranks
+    # can read the dead ones' addresses and fail to connect.
+    store, _, _ = next(dist.rendezvous('env://'))
+    store = dist.PrefixStore(f"attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)}", store)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
 else:
     dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
 master = rank == 0
@@ -170,12 +202,19 @@ def save_checkpoint(step):
         shutil.rmtree(tmp, ignore_errors=True)
     dist.barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({'model': model_sd, 'optim': optim_sd}, checkpoint_id=tmp)
+    try:
+        dcp.save({'model': model_sd, 'optim': optim_sd}, checkpoint_id=tmp)
+        if master:
+            with open(os.path.join(tmp, 'hetgpt.json'), 'w') as f:
+                json.dump({'iter': step, 'model_args': vars(model_args), 'config': config}, f, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+    except Exception as e:  # a full disk, a quota: the last complete checkpoint is still there
+        last = checkpoints()
+        die(f"could not write checkpoint {tmp} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+            f"{'the last complete one, ' + last[-1] + ', is intact' if last else 'no checkpoint was lost'}: "
+            f"free space, then init_from=resume")
     if master:
-        with open(os.path.join(tmp, 'hetgpt.json'), 'w') as f:
-            json.dump({'iter': step, 'model_args': vars(model_args), 'config': config}, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         for old in checkpoints()[:-keep_last]:
@@ -184,13 +223,21 @@ def save_checkpoint(step):
 
 
 def load_checkpoint(path):
-    meta = json.load(open(os.path.join(path, 'hetgpt.json')))
+    try:
+        meta = json.load(open(os.path.join(path, 'hetgpt.json')))
+    except (OSError, ValueError) as e:
+        die(f"checkpoint {path} is damaged ({type(e).__name__}); move it away to resume from the one before, "
+            f"or use init_from=scratch")
     if meta['model_args'] != vars(model_args):
         diff = {k: (v, meta['model_args'].get(k)) for k, v in vars(model_args).items() if meta['model_args'].get(k) != v}
         die(f"{path} holds another model ({', '.join(f'{k}={b} here {a}' for k, (a, b) in diff.items())}); "
             f"use its config, another out_dir, or init_from=scratch")
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.load({'model': model_sd, 'optim': optim_sd}, checkpoint_id=path)
+    try:
+        dcp.load({'model': model_sd, 'optim': optim_sd}, checkpoint_id=path)
+    except Exception as e:
+        die(f"checkpoint {path} is damaged ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); "
+            f"move it away to resume from the one before, or use init_from=scratch")
     set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
     return meta['iter']
 
@@ -204,13 +251,11 @@ if init_from in ('resume', 'auto'):
         resume_from = found[-1]
     elif init_from == 'resume':
         die(f"init_from=resume but {out_dir} has no checkpoint; train first or use init_from=auto")
-torch.manual_seed(seed)
 if init_from.startswith('gpt2'):
     raw_model = GPT.from_pretrained(init_from, dropout=dropout)
     model_args = raw_model.config
 else:
     model_args = config_from(config)
-    raw_model = GPT(model_args)
 if model_args.block_size < block_size:
     die(f"block_size={block_size} exceeds the model's {model_args.block_size}")
 
@@ -225,7 +270,17 @@ dist.all_gather_object(ranks, me)
 run_plan = planner.make_plan(model_args, batch_size, ranks, plan=plan, micro_batch_size=micro_batch_size,
                              memory_fraction=memory_fraction, dtype=dtype)
 if not run_plan.fits:
-    die(f"plan {plan}: does not fit: {run_plan.advice}")
+    die(f"plan={plan} does not fit: {run_plan.advice}")
+
+# Where the weights are first made. 'cpu': the whole model on the host, then placed or sharded: the
+# same initial weights under every strategy. 'meta': shapes only; each rank materialises and
+# initialises just its own shard after wrapping, for models whose full copy per rank would not fit.
+if init_device == 'auto':
+    init_device = 'cpu' if 4 * planner.counts(model_args)['total'] * local_world < host_bytes / 2 else 'meta'
+torch.manual_seed(seed)
+if not init_from.startswith('gpt2'):
+    with torch.device(init_device):
+        raw_model = GPT(model_args)
 
 # Apply the plan, in this order: activation checkpointing, then compile, then FSDP/DDP wrapping
 # (compile sees the checkpointed blocks; FSDP wraps the compiled ones; torchtitan's order).
@@ -241,13 +296,22 @@ if run_plan.shard:
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
     # fully_shard moves each parameter to the mesh's device as it shards it: the whole model never
     # has to fit on one GPU.
-    fsdp_kw = dict(mesh=init_device_mesh(device_type, (world_size,)),mp_policy=MixedPrecisionPolicy(param_dtype=ptdtype, reduce_dtype=torch.float32),
+    fsdp_kw = dict(mesh=init_device_mesh(device_type, (world_size,)),
+                   mp_policy=MixedPrecisionPolicy(param_dtype=ptdtype, reduce_dtype=torch.float32),
                    offload_policy=CPUOffloadPolicy(pin_memory=device_type == 'cuda') if run_plan.offload else OffloadPolicy())
     for block in raw_model.transformer.h:
         fully_shard(block, reshard_after_forward=run_plan.reshard_after_forward, **fsdp_kw)
     model = fully_shard(raw_model, **fsdp_kw)
+    if init_device == 'meta':
+        model.to_empty(device='cpu' if run_plan.offload else device)
+        raw_model.lm_head.weight = raw_model.transformer.wte.weight  # to_empty unties them
+        raw_model.init_weights()
     fsdp_modules = [m for m in model.modules() if hasattr(m, 'set_requires_gradient_sync')]
 else:
+    if init_device == 'meta':
+        raw_model.to_empty(device=device)
+        raw_model.transformer.wte.weight = raw_model.lm_head.weight  # to_empty unties them
+        raw_model.init_weights()
     raw_model.to(device)
     if ptdtype != torch.float32:  # DDP keeps float32 weights; matmuls run in ptdtype
         autocast = torch.autocast(device_type=device_type, dtype=ptdtype)
@@ -379,7 +443,10 @@ iter_num = 0
 if resume_from:
     iter_num = load_checkpoint(resume_from)
     log(f"resumed from {resume_from} at iter {iter_num}")
-os.makedirs(out_dir, exist_ok=True)
+if master:  # checkpoints a killed run left half-written
+    for d in os.listdir(out_dir):
+        if d.endswith('.tmp'):
+            shutil.rmtree(os.path.join(out_dir, d), ignore_errors=True)
 metrics_path = os.path.join(out_dir, 'metrics.jsonl')
 if master:  # keep only what happened before the checkpoint we continue from
     rows = [line for line in open(metrics_path)] if os.path.exists(metrics_path) and resume_from else []
@@ -443,6 +510,11 @@ if iter_num == 0 and not resume_from:
     val = evaluate()
     log(f"iter 0: val loss {val:.4f}")
     record({'iter': 0, 'tokens': 0, 'val_loss': val})
+bad_steps = 0
+stop_signals = []  # SIGTERM (preemption) or SIGUSR1 (Slurm's warning): checkpoint at the end of the step
+signal.signal(signal.SIGTERM, lambda signum, frame: stop_signals.append(signum))
+signal.signal(signal.SIGUSR1, lambda signum, frame: stop_signals.append(signum))
+control = dist.new_group(backend='gloo') if backend != 'gloo' else None  # CPU flags without a GPU sync
 busy = torch.zeros(2, dtype=torch.float64)  # smoothed (compute, whole step) seconds of this rank
 t_log, steps_since, loss_acc = time.perf_counter(), 0, torch.zeros((), device=device)
 while iter_num < max_iters:
@@ -459,10 +531,20 @@ while iter_num < max_iters:
     t_step = clock(timed)
     loss_sum, compute = forward_backward(offsets, micro_batch_sizes(shares), world_size / tokens_per_step, timed=timed)
     loss_acc += loss_sum
-    if grad_clip > 0:
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    scaler.step(optimizer)
+    scaler.unscale_(optimizer)
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float('inf'))
+    norm = norm.full_tensor() if hasattr(norm, 'full_tensor') else norm  # FSDP: a DTensor
+    if torch.isfinite(norm):  # (one scalar to the host per step: the update depends on it)
+        scaler.step(optimizer)
+        bad_steps = 0
+    else:  # skip this update; this step's batch is not seen again
+        bad_steps += 1
+        log(f"iter {iter_num}: loss or gradients not finite, update skipped ({bad_steps} in a row)")
+        if bad_steps >= max_bad_steps:
+            last = checkpoints()
+            die(f"{bad_steps} steps in a row with non-finite loss or gradients, the last at iter {iter_num}; "
+                f"{'the last good checkpoint is ' + last[-1] if last else 'no checkpoint yet'}: lower "
+                f"learning_rate or check the data, then init_from=resume")
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
     iter_num += 1
@@ -505,8 +587,13 @@ while iter_num < max_iters:
         val = evaluate()
         log(f"iter {iter_num}: val loss {val:.4f}")
         record({'iter': iter_num, 'tokens': iter_num * tokens_per_step, 'val_loss': val})
-    if iter_num % checkpoint_interval == 0 or iter_num == max_iters:
+    stop = torch.tensor(len(stop_signals))
+    dist.all_reduce(stop, group=control)  # a signal may reach the ranks at different steps
+    if iter_num % checkpoint_interval == 0 or iter_num == max_iters or stop:
         save_checkpoint(iter_num)
+    if stop:
+        log(f"iter {iter_num}: stopped by a signal; checkpoint saved, init_from=resume continues")
+        break
     t_log += time.perf_counter() - t_pause
 
 if wandb_run:

@@ -32,12 +32,17 @@ def make_dataset(root, name='synth', n_train=40_000, n_val=4_000):
     return d
 
 
-def run_train(cwd, *args, nproc=1, check=True, timeout=600, env=None):
-    if nproc == 1:
-        cmd = [sys.executable, os.path.join(ROOT, 'train.py')]
-    else:
-        cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={nproc}',
-               os.path.join(ROOT, 'train.py')]
+def train_command(nproc=1, faults=False, torchrun_args=()):
+    script = [os.path.join(ROOT, 'tests', 'fixture_run.py')] if faults else []
+    script.append(os.path.join(ROOT, 'train.py'))
+    if nproc == 1 and not torchrun_args:
+        return [sys.executable] + script
+    return [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={nproc}',
+            *torchrun_args] + script
+
+
+def run_train(cwd, *args, nproc=1, check=True, timeout=600, env=None, faults=False):
+    cmd = train_command(nproc, faults)
     full_env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore', **(env or {}))
     p = subprocess.run(cmd + list(args), cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)
     if check and p.returncode != 0:

@@ -1,0 +1,45 @@
+"""Runs train.py with faults injected, for the reliability tests (not a product feature).
+usage: python tests/fixture_run.py train.py [args...]; the faults come from environment variables:
+  HETGPT_TEST_NAN_STEPS=3,4   gradients become NaN at these optimizer steps (counted from 0 in this process)
+  HETGPT_TEST_SAVE_FAIL=2     the 2nd checkpoint save of this process fails as on a full disk
+  HETGPT_TEST_SLOW_SAVE=0.5   seconds to wait after a checkpoint's data is written, before it is made visible
+"""
+import errno
+import os
+import runpy
+import sys
+import time
+
+import torch
+import torch.distributed.checkpoint as dcp
+
+nan_steps = {int(s) for s in os.environ.get('HETGPT_TEST_NAN_STEPS', '').split(',') if s}
+save_fail = int(os.environ.get('HETGPT_TEST_SAVE_FAIL', 0))
+slow_save = float(os.environ.get('HETGPT_TEST_SLOW_SAVE', 0))
+calls = {'clip': 0, 'save': 0}
+real_clip, real_save = torch.nn.utils.clip_grad_norm_, dcp.save
+
+
+def clip(parameters, *args, **kwargs):
+    parameters = list(parameters)
+    if calls['clip'] in nan_steps:
+        for p in parameters:
+            if p.grad is not None:
+                p.grad.fill_(float('nan'))
+    calls['clip'] += 1
+    return real_clip(parameters, *args, **kwargs)
+
+
+def save(*args, **kwargs):
+    calls['save'] += 1
+    if calls['save'] == save_fail:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    result = real_save(*args, **kwargs)
+    time.sleep(slow_save)
+    return result
+
+
+torch.nn.utils.clip_grad_norm_, dcp.save = clip, save
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
+runpy.run_path(sys.argv[0], run_name='__main__')

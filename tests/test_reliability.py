@@ -1,0 +1,124 @@
+"""Failures lose at most the steps since the last checkpoint; user mistakes get one line that says what to do."""
+import os
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from trainer import (TINY, latest_checkpoint, load_params, make_dataset, max_rel_diff, metrics, run_train,
+                     train_command, train_losses)
+
+RUN = TINY + ['--batch_size=4', '--max_iters=12', '--eval_interval=4', '--checkpoint_interval=2', '--keep_last=2']
+
+
+@pytest.fixture(scope='module')
+def work(tmp_path_factory):
+    root = tmp_path_factory.mktemp('reliability')
+    make_dataset(root)
+    run_train(root, *RUN, '--out_dir=straight')
+    return root
+
+
+def same_as_straight(work, out_dir, tol=0.0):
+    a, b = load_params(latest_checkpoint(work / 'straight')), load_params(latest_checkpoint(work / out_dir))
+    assert max_rel_diff(b, a) <= tol
+    la, lb = train_losses(work / 'straight'), train_losses(work / out_dir)
+    assert la.keys() == lb.keys() and all(abs(la[k] - lb[k]) <= tol * abs(la[k]) for k in la)
+
+
+def env(**faults):
+    return dict(os.environ, OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore', **faults)
+
+
+@pytest.mark.parametrize('moment', ['mid-checkpoint', 'early', 'late'])
+def test_kill_9_anywhere_then_resume_is_exact(work, moment):
+    # Each checkpoint waits 0.3 s between writing its data and becoming visible, so that the kill can
+    # land inside a checkpoint; 'early' and 'late' kill at other (seeded random) moments.
+    out = work / f'killed_{moment}'
+    cmd = train_command(faults=True) + RUN + [f'--out_dir={out.name}', '--init_from=auto']
+    p = subprocess.Popen(cmd, cwd=work, env=env(HETGPT_TEST_SLOW_SAVE='0.3'), stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    rng = np.random.default_rng(len(moment))
+    if moment == 'mid-checkpoint':
+        while not (out / 'ckpt_00000004.tmp' / '.metadata').exists() and time.time() < deadline:
+            time.sleep(0.005)
+    else:
+        while not (out / 'metrics.jsonl').exists() and time.time() < deadline:
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.0, 0.5) if moment == 'early' else rng.uniform(1.0, 2.0))
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    if moment == 'mid-checkpoint':  # the half-written checkpoint is not taken for a complete one
+        assert (out / 'ckpt_00000004.tmp').exists() and not (out / 'ckpt_00000004').exists()
+    run_train(work, *RUN, f'--out_dir={out.name}', '--init_from=auto')
+    assert not any(d.endswith('.tmp') for d in os.listdir(out))
+    same_as_straight(work, out.name)
+
+
+def test_sigterm_checkpoints_at_the_end_of_the_step_and_exits_0(work):
+    out = work / 'preempted'
+    cmd = train_command(faults=True) + RUN + [f'--out_dir={out.name}', '--checkpoint_interval=100']
+    p = subprocess.Popen(cmd, cwd=work, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in p.stdout:
+        if line.startswith('iter 3: loss'):
+            p.send_signal(signal.SIGTERM)
+            break
+    rest, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    assert 'stopped by a signal' in rest
+    stopped_at = int(latest_checkpoint(out).rsplit('_', 1)[1])
+    assert 3 <= stopped_at < 12
+    run_train(work, *RUN, f'--out_dir={out.name}', '--init_from=resume')
+    same_as_straight(work, out.name)
+
+
+def test_torchrun_restarts_after_a_rank_dies_and_training_resumes_by_itself(work):
+    out = work / 'restarted'
+    common = RUN + [f'--out_dir={out.name}', '--init_from=auto', '--balance=even']
+    run_train(work, *common[:-3], '--out_dir=straight2', '--balance=even', nproc=2)
+    cmd = train_command(2, faults=True, torchrun_args=['--max-restarts=1']) + common
+    p = subprocess.Popen(cmd, cwd=work, env=env(HETGPT_TEST_SLOW_SAVE='0.2'), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while not (out / 'ckpt_00000004').exists() and time.time() < deadline:
+        time.sleep(0.01)
+    children = open(f'/proc/{p.pid}/task/{p.pid}/children').read().split()
+    os.kill(int(children[-1]), signal.SIGKILL)  # one of the two ranks
+    log, _ = p.communicate(timeout=300)
+    assert p.returncode == 0, log[-3000:]
+    assert 'resumed from' in log
+    a, b = load_params(latest_checkpoint(work / 'straight2')), load_params(latest_checkpoint(out))
+    assert max_rel_diff(b, a) == 0.0
+
+
+def test_non_finite_gradients_skip_the_update_then_stop_after_k(work):
+    p = run_train(work, *RUN, '--out_dir=nan_once', faults=True, env={'HETGPT_TEST_NAN_STEPS': '5'})
+    assert 'iter 5: loss or gradients not finite, update skipped (1 in a row)' in p.stdout
+    assert all(np.isfinite(v).all() for v in load_params(latest_checkpoint(work / 'nan_once')).values())
+    p = run_train(work, *RUN, '--out_dir=nan_many', '--max_bad_steps=3', check=False, faults=True,
+                  env={'HETGPT_TEST_NAN_STEPS': '5,6,7,8,9,10,11'})
+    assert p.returncode != 0
+    assert p.stderr.strip().splitlines() == [p.stderr.strip()] and 'at iter 7' in p.stderr
+    # Skipped updates leave the weights good: the checkpoint after them is the last good one, named.
+    assert 'ckpt_00000006' in p.stderr and latest_checkpoint(work / 'nan_many').endswith('ckpt_00000006')
+    assert all(np.isfinite(v).all() for v in load_params(latest_checkpoint(work / 'nan_many')).values())
+
+
+def test_full_disk_during_a_save_keeps_the_last_checkpoint(work):
+    p = run_train(work, *RUN, '--out_dir=full', check=False, faults=True, env={'HETGPT_TEST_SAVE_FAIL': '3'})
+    assert p.returncode != 0 and 'No space left' in p.stderr and 'ckpt_00000004' in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+    assert latest_checkpoint(work / 'full').endswith('ckpt_00000004')
+    run_train(work, *RUN, '--out_dir=full', '--init_from=resume')
+    same_as_straight(work, 'full')
+
+
+@pytest.mark.parametrize('world', [1, 3])
+def test_checkpoint_from_two_ranks_resumes_on_another_world_size(work, world):
+    out = f'elastic_{world}'
+    run_train(work, *RUN, f'--out_dir={out}', '--max_iters=6', '--balance=even', nproc=2)
+    run_train(work, *RUN, f'--out_dir={out}', '--init_from=resume', '--balance=even', nproc=world)
+    same_as_straight(work, out, tol=1e-5)
