@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
@@ -159,7 +160,7 @@ def load_tokens(split):
         die(f"no {path}: run python data/prepare.py --dataset {dataset} (or --input FILES --name {dataset})")
     if os.path.getsize(path) % 2:
         die(f"{path} has an odd number of bytes: it is truncated or not uint16; run data/prepare.py again")
-    tokens = np.memmap(path, dtype=np.uint16, mode='r')
+    tokens = np.memmap(path, dtype=np.uint16, mode='r') if os.path.getsize(path) else np.zeros(0, np.uint16)
     if len(tokens) <= block_size + 1:
         die(f"{path} has {len(tokens)} tokens, fewer than block_size+1={block_size + 1}; "
             f"lower block_size or prepare more data")
@@ -209,7 +210,7 @@ def save_checkpoint(step):
                 json.dump({'iter': step, 'model_args': vars(model_args), 'config': config}, f, indent=1)
                 f.flush()
                 os.fsync(f.fileno())
-    except Exception as e:  # a full disk, a quota: the last complete checkpoint is still there
+    except (Exception, CheckpointException) as e:  # a full disk, a quota: the last complete one is still there
         last = checkpoints()
         die(f"could not write checkpoint {tmp} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
             f"{'the last complete one, ' + last[-1] + ', is intact' if last else 'no checkpoint was lost'}: "
@@ -235,7 +236,7 @@ def load_checkpoint(path):
     model_sd, optim_sd = get_state_dict(model, optimizer)
     try:
         dcp.load({'model': model_sd, 'optim': optim_sd}, checkpoint_id=path)
-    except Exception as e:
+    except (Exception, CheckpointException) as e:  # (DCP's exception is a BaseException)
         die(f"checkpoint {path} is damaged ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); "
             f"move it away to resume from the one before, or use init_from=scratch")
     set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)

@@ -10,6 +10,14 @@ from trainer import TINY, latest_checkpoint, load_params, make_dataset, max_rel_
 def work(tmp_path_factory):
     root = tmp_path_factory.mktemp('train')
     make_dataset(root)
+    for name in ('empty', 'odd', 'noval'):  # broken datasets for the bad-input tests
+        d = make_dataset(root, name)
+        open(os.path.join(d, 'train.bin'), 'wb').close() if name == 'empty' else None
+        open(os.path.join(d, 'train.bin'), 'ab').write(b'x') if name == 'odd' else None
+        os.remove(os.path.join(d, 'val.bin')) if name == 'noval' else None
+    open(root / 'a_file', 'w').close()
+    (root / 'bad_key.py').write_text("n_layer = 2\nlearnig_rate = 1e-3\n")
+    (root / 'bad_code.py').write_text("n_layer = 1 / 0\n")
     return root
 
 
@@ -68,6 +76,27 @@ def test_keep_last_keeps_n_checkpoints(work):
     (['--init_from=resume', '--out_dir=empty'], ['no checkpoint']),
     (['--block_size=100000'], ['fewer than block_size']),
     (['--max_iters'], ['--key=value']),
+    (['--batch_size=-4'], ['batch_size', 'positive']),
+    (['--learning_rate=-1.0'], ['learning_rate']),
+    (['--min_lr=1.0'], ['min_lr <= learning_rate']),
+    (['--warmup_iters=-1'], ['warmup_iters']),
+    (['--weight_decay=-0.1'], ['weight_decay']),
+    (['--dropout=1.5'], ['dropout']),
+    (['--memory_fraction=0.0'], ['memory_fraction']),
+    (['--dtype=float8'], ['dtype', 'bfloat16']),
+    (['--device=tpu'], ['device', 'cpu']),
+    (['--device=cuda'], ['--device=cpu']),
+    (['--init_from=scrach'], ['init_from', 'scratch']),
+    (['--init_device=gpu'], ['init_device', 'meta']),
+    (['nothere.py'], ['cannot read config file', 'configs/']),
+    (['bad_key.py'], ['unknown config key', 'learning_rate', 'bad_key.py']),
+    (['bad_code.py'], ['does not run', 'ZeroDivisionError']),
+    (['--plan=ddp', '--memory_fraction=0.00001'], ['does not fit']),
+    (['--out_dir=a_file/out'], ['not writable', 'out_dir']),
+    (['--dataset=empty'], ['0 tokens', 'block_size']),
+    (['--dataset=odd'], ['truncated', 'prepare.py']),
+    (['--dataset=noval'], ['val.bin', 'python data/prepare.py']),
+    (['--vocab_size=100'], ['token ids >= vocab_size']),
 ])
 def test_bad_input_exits_with_one_line(work, args, words):
     p = run_train(work, *TINY, '--batch_size=2', '--max_iters=1', *args, check=False)
@@ -84,3 +113,26 @@ def test_checkpoint_of_another_model_is_refused(work):
                   '--n_layer=3', check=False)
     assert p.returncode != 0 and 'another model' in p.stderr and 'n_layer' in p.stderr
     assert os.path.exists(work / 'other' / 'ckpt_00000001' / 'hetgpt.json')  # nothing lost
+
+
+@pytest.mark.parametrize('damage', ['garbage', 'no_meta'])
+def test_damaged_checkpoint_is_named_and_kept(work, damage):
+    out = work / f'damaged_{damage}'
+    run_train(work, *TINY, '--batch_size=2', '--max_iters=1', f'--out_dir={out.name}', '--eval_interval=100')
+    ckpt = out / 'ckpt_00000001'
+    if damage == 'garbage':
+        for f in os.listdir(ckpt):
+            if f.endswith('.distcp'):
+                (ckpt / f).write_bytes(b'not a checkpoint')
+    else:
+        os.remove(ckpt / 'hetgpt.json')
+    p = run_train(work, *TINY, '--batch_size=2', '--max_iters=2', f'--out_dir={out.name}', '--init_from=resume',
+                  check=False)
+    assert p.returncode != 0 and 'damaged' in p.stderr and 'ckpt_00000001' in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and 'Traceback' not in p.stderr
+    assert ckpt.exists()  # nothing deleted
+
+
+def test_more_ranks_than_sequences_is_refused(work):
+    p = run_train(work, *TINY, '--batch_size=1', '--max_iters=1', nproc=2, check=False)
+    assert p.returncode != 0 and 'cannot feed 2 ranks' in p.stderr

@@ -1,0 +1,140 @@
+"""
+model.py on tiny random models, CPU, float32: generation with and without the KV cache, the HF
+GPT-2 import, the FLOPs count, the init and the tied embeddings.
+"""
+import math
+
+import pytest
+import torch
+
+from model import GPT, GPTConfig
+
+
+def tiny(**kw):
+    # init_std well above GPT-2's 0.02 so that a random model's logits are far apart: greedy
+    # decoding then can't flip on float rounding between the cached and uncached paths.
+    args = dict(block_size=32, vocab_size=97, n_layer=2, n_head=2, n_embd=32, init_std=0.3)
+    torch.manual_seed(0)
+    return GPT(GPTConfig(**{**args, **kw})).eval()
+
+
+@pytest.mark.parametrize('new_tokens', [20, 70])  # 5 + 20 fits in block_size 32; 5 + 70 slides past it
+@pytest.mark.parametrize('bias', [True, False])
+def test_kv_cache_greedy_same_tokens(new_tokens, bias):
+    model = tiny(bias=bias)
+    prompt = torch.randint(0, 97, (3, 5))
+    with_cache = model.generate(prompt, new_tokens, temperature=0, use_cache=True)
+    without = model.generate(prompt, new_tokens, temperature=0, use_cache=False)
+    assert with_cache.shape == (3, 5 + new_tokens)
+    assert torch.equal(with_cache, without)
+    assert len(set(with_cache[0, 5:].tolist())) > 1  # not a model stuck on one token
+
+
+def test_kv_cache_top_k_sampling_same_tokens():
+    model = tiny()
+    prompt = torch.randint(0, 97, (2, 4))
+    out = []
+    for use_cache in (True, False):
+        torch.manual_seed(1234)
+        out.append(model.generate(prompt, 60, temperature=1.0, top_k=10, use_cache=use_cache))
+    assert torch.equal(out[0], out[1])
+
+
+def test_kv_cache_logits_match_full_forward():
+    # the cache's step-by-step logits are the full forward's logits at every position
+    model = tiny()
+    idx = torch.randint(0, 97, (2, 32))
+    full, _ = model(idx)
+    c = model.config
+    shape = (2, c.n_head, c.block_size, c.n_embd // c.n_head)
+    caches = [dict(pos=0, k=torch.empty(shape), v=torch.empty(shape)) for _ in range(c.n_layer)]
+    with torch.no_grad():
+        steps = [model(idx[:, :7], caches=caches)[0]]  # a prompt of 7, then chunks of 1 and 3
+        for t in range(7, 20):
+            steps.append(model(idx[:, t:t + 1], caches=caches)[0])
+        for t in range(20, 32, 3):
+            steps.append(model(idx[:, t:t + 3], caches=caches)[0])
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_on_token_sees_every_new_token():
+    model = tiny()
+    seen = []
+    out = model.generate(torch.zeros(1, 3, dtype=torch.long), 10, temperature=0, on_token=seen.append)
+    assert torch.equal(torch.cat(seen, dim=1), out[:, 3:])
+
+
+def test_from_hf_logits_equal():
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=64, vocab_size=101,
+                                    bos_token_id=None, eos_token_id=None)).eval()
+    ours = GPT.from_hf(hf).eval()
+    assert ours.lm_head.weight is ours.transformer.wte.weight
+    idx = torch.randint(0, 101, (2, 64))
+    with torch.no_grad():
+        theirs = hf(idx).logits
+    torch.testing.assert_close(ours(idx)[0], theirs, atol=1e-5, rtol=0)
+
+
+def count_params(c):
+    # by hand, the non-embedding count MFU uses: everything but wpe (the tied wte does matmul work)
+    C, b = c.n_embd, int(c.bias)
+    ln = C * (1 + b)
+    block = ln + (3 * C * C + b * 3 * C) + (C * C + b * C) + ln + (4 * C * C + b * 4 * C) + (4 * C * C + b * C)
+    return c.vocab_size * C + c.n_layer * block + ln
+
+
+@pytest.mark.parametrize('bias', [True, False])
+def test_flops_per_token(bias):
+    c = GPTConfig(block_size=256, vocab_size=50304, n_layer=4, n_head=4, n_embd=128, bias=bias)
+    with torch.device('meta'):  # shapes only, no memory
+        model = GPT(c)
+    n = count_params(c)
+    assert model.num_params() == n
+    assert model.num_params(non_embedding=False) == n + 256 * 128
+    assert model.flops_per_token() == 6 * n + 12 * 4 * 128 * 256
+    assert model.flops_per_token(seq_len=100) == 6 * n + 12 * 4 * 128 * 100
+    if bias:
+        assert model.num_params(non_embedding=False) == 7_265_024  # configs/gpt_tiny.py's comment
+
+
+def test_gpt2_124m_param_count():
+    with torch.device('meta'):
+        model = GPT(GPTConfig(vocab_size=50257))
+    assert model.num_params(non_embedding=False) == 124_439_808  # OpenAI's GPT-2 small
+    assert model.num_params() == count_params(model.config)
+
+
+def test_init_std_and_scaled_residual_projections():
+    torch.manual_seed(0)
+    c = GPTConfig(block_size=64, vocab_size=512, n_layer=8, n_head=8, n_embd=512, init_std=0.05)
+    model = GPT(c)
+    h = model.transformer.h[3]
+    for p in (h.attn.c_attn.weight, h.mlp.c_fc.weight, model.transformer.wte.weight):
+        assert abs(p.std().item() / 0.05 - 1) < 0.02
+        assert abs(p.mean().item()) < 0.002
+    for p in (h.attn.c_proj.weight, h.mlp.c_proj.weight):  # 0.05 / sqrt(2 * 8) = 0.0125
+        assert abs(p.std().item() / (0.05 / math.sqrt(2 * 8)) - 1) < 0.02
+    assert torch.all(h.attn.c_attn.bias == 0) and torch.all(h.ln_1.bias == 0)
+    assert torch.all(h.ln_1.weight == 1) and torch.all(model.transformer.ln_f.weight == 1)
+
+
+def test_tied_embeddings():
+    model = tiny()
+    assert model.lm_head.weight is model.transformer.wte.weight
+    assert sum(p is model.lm_head.weight for p in model.parameters()) == 1  # the optimizer sees it once
+    # a training step moves both, from the input side and the output side
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    idx = torch.randint(0, 97, (2, 16))
+    before = model.lm_head.weight.detach().clone()
+    model(idx, targets=idx)[1].backward()
+    opt.step()
+    assert model.lm_head.weight is model.transformer.wte.weight
+    assert not torch.equal(before, model.transformer.wte.weight)
+    # and a state_dict round trip keeps the tie
+    other = tiny()
+    torch.nn.init.zeros_(other.lm_head.weight)
+    other.load_state_dict(model.state_dict())
+    assert other.lm_head.weight is other.transformer.wte.weight
+    assert torch.equal(other.transformer.wte.weight, model.transformer.wte.weight)

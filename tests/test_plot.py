@@ -1,0 +1,60 @@
+"""
+plot.py on a metrics.jsonl made here: writes a real PNG; says what to do without matplotlib or metrics.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def plot(out_dir, hide_matplotlib=False):
+    cmd = [sys.executable, 'plot.py', out_dir]
+    if hide_matplotlib:  # run plot.py as if matplotlib were not installed: its import fails
+        cmd[1:2] = ['-c', "import runpy, sys; sys.modules['matplotlib'] = None; sys.argv = sys.argv[1:]; "
+                          "runpy.run_path('plot.py', run_name='__main__')", 'plot.py']
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
+def write_metrics(path):
+    with open(path, 'w') as f:
+        for it in range(0, 301, 10):
+            lr = 2e-3 * min(1, (it + 1) / 20) * (0.55 + 0.45 * math.cos(math.pi * it / 300))
+            f.write(json.dumps(dict(iter=it, loss=10.8 * math.exp(-it / 80) + 3, lr=lr, tokens=4096 * (it + 1),
+                                    tokens_per_sec=9000.0, mfu=None)) + '\n')
+            if it % 100 == 0:
+                f.write(json.dumps(dict(iter=it, tokens=4096 * (it + 1), val_loss=10.9 * math.exp(-it / 80) + 3.2,
+                                        train_loss=10.8 * math.exp(-it / 80) + 3)) + '\n')
+        f.write('{"iter": 310, "lo')  # a half-written last line while training runs
+
+
+def test_plot_writes_png(tmp_path):
+    write_metrics(tmp_path / 'metrics.jsonl')
+    r = plot(str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    png = tmp_path / 'loss.png'
+    data = png.read_bytes()
+    assert data[:8] == b'\x89PNG\r\n\x1a\n' and len(data) > 10_000
+    import matplotlib.image
+    pixels = matplotlib.image.imread(str(png))
+    assert pixels.shape[0] > 300 and pixels.shape[1] > 500
+    colours = np.unique(pixels.reshape(-1, pixels.shape[-1]), axis=0)
+    assert len(colours) > 10  # lines, text, legend: not a blank canvas
+
+
+def test_plot_without_matplotlib(tmp_path):
+    write_metrics(tmp_path / 'metrics.jsonl')
+    r = plot(str(tmp_path), hide_matplotlib=True)
+    assert r.returncode != 0
+    assert r.stderr.strip() == "plot.py needs matplotlib: pip install matplotlib"
+    assert not (tmp_path / 'loss.png').exists()
+
+
+def test_plot_without_metrics(tmp_path):
+    r = plot(str(tmp_path / 'nothing'))
+    assert r.returncode != 0
+    assert len(r.stderr.strip().splitlines()) == 1 and 'train' in r.stderr and 'Traceback' not in r.stderr
