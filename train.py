@@ -32,7 +32,7 @@ from torch.utils.checkpoint import checkpoint
 
 import plan as planner
 from configurator import configure, die, is_knob
-from model import GPT, GPTConfig, config_from
+from model import GPT, config_from
 
 # -----------------------------------------------------------------------------
 # I/O
@@ -106,20 +106,20 @@ for ok, msg in [
 if plan not in ('auto',) + planner.STRATEGIES:
     die(f"plan={plan!r}: choose auto or one of {', '.join(planner.STRATEGIES)}")
 
-if batch_size < int(os.environ.get('WORLD_SIZE', 1)):
-    die(f"batch_size={batch_size} cannot feed {os.environ['WORLD_SIZE']} ranks: raise batch_size or use fewer ranks")
+world_size = int(os.environ.get('WORLD_SIZE', 1))  # set by torchrun, as the three below
+rank, local_rank = int(os.environ.get('RANK', 0)), int(os.environ.get('LOCAL_RANK', 0))
+local_world = int(os.environ.get('LOCAL_WORLD_SIZE', 1))
+if batch_size < world_size:
+    die(f"batch_size={batch_size} cannot feed {world_size} ranks: raise batch_size or use fewer ranks")
 try:  # fail now, not at the first checkpoint an hour from here
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, f'.write_test_{os.environ.get("RANK", 0)}'), 'w'):
-        pass
-    os.remove(os.path.join(out_dir, f'.write_test_{os.environ.get("RANK", 0)}'))
+    probe_file = os.path.join(out_dir, f'.write_test_{rank}')
+    open(probe_file, 'w').close()
+    os.remove(probe_file)
 except OSError as e:
     die(f"out_dir={out_dir!r} is not writable ({e.strerror}); choose another out_dir")
 
 # distributed set-up: every run has a process group, one rank or many, so the code has one path
-world_size = int(os.environ.get('WORLD_SIZE', 1))
-rank, local_rank = int(os.environ.get('RANK', 0)), int(os.environ.get('LOCAL_RANK', 0))
-local_world = int(os.environ.get('LOCAL_WORLD_SIZE', 1))
 if device == 'auto':
     device = 'cuda' if torch.cuda.is_available() else 'cpu'
 if device.startswith('cuda'):
@@ -303,16 +303,12 @@ if run_plan.shard:
     for block in raw_model.transformer.h:
         fully_shard(block, reshard_after_forward=run_plan.reshard_after_forward, **fsdp_kw)
     model = fully_shard(raw_model, **fsdp_kw)
-    if init_device == 'meta':
-        model.to_empty(device='cpu' if run_plan.offload else device)
-        raw_model.lm_head.weight = raw_model.transformer.wte.weight  # to_empty unties them
-        raw_model.init_weights()
     fsdp_modules = [m for m in model.modules() if hasattr(m, 'set_requires_gradient_sync')]
-else:
-    if init_device == 'meta':
-        raw_model.to_empty(device=device)
-        raw_model.transformer.wte.weight = raw_model.lm_head.weight  # to_empty unties them
-        raw_model.init_weights()
+if init_device == 'meta':  # storage now, where this rank keeps its weights (or its shard of them)
+    raw_model.to_empty(device='cpu' if run_plan.offload else device)
+    raw_model.lm_head.weight = raw_model.transformer.wte.weight  # to_empty unties them
+    raw_model.init_weights()
+if not run_plan.shard:
     raw_model.to(device)
     if ptdtype != torch.float32:  # DDP keeps float32 weights; matmuls run in ptdtype
         autocast = torch.autocast(device_type=device_type, dtype=ptdtype)

@@ -52,3 +52,19 @@ def test_checkpoint_from_fsdp_on_two_ranks_resumes_under_ddp_on_one(work):
                         load_params(latest_checkpoint(work / 'straight'))) < 1e-5
     a, b = train_losses(work / 'straight'), train_losses(work / 'moved')
     assert a.keys() == b.keys() and all(abs(a[k] - b[k]) <= 1e-5 * a[k] for k in a)
+
+
+@pytest.mark.parametrize('strategy', ['ddp', 'fsdp'])
+def test_meta_init_materialises_each_rank_and_keeps_embeddings_tied(work, strategy):
+    # init_device=meta: no rank ever holds a full CPU copy; each initialises what it keeps.
+    import torch
+    import torch.distributed.checkpoint as dcp
+    out = f'meta_{strategy}'
+    run_train(work, *TINY, '--batch_size=8', '--max_iters=20', '--eval_interval=100', '--log_interval=10',
+              f'--out_dir={out}', f'--plan={strategy}', '--init_device=meta', '--balance=even', nproc=2)
+    losses = train_losses(work / out)
+    assert losses[20] < losses[10]
+    sd = {'lm_head.weight': torch.zeros(256, 32), 'transformer.wte.weight': torch.ones(256, 32)}
+    dcp.load({'model': sd}, checkpoint_id=latest_checkpoint(work / out))  # read into two separate tensors
+    assert torch.equal(sd['lm_head.weight'], sd['transformer.wte.weight'])
+    assert 0.01 < sd['lm_head.weight'].std() < 0.05  # initialised (std 0.02), not left empty
