@@ -49,7 +49,9 @@ with tempfile.TemporaryDirectory() as work:
         sys.exit(f"train.py failed:\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
     rows = [json.loads(line) for line in open(os.path.join(work, 'out', 'metrics.jsonl'))]
     rows = [r for r in rows if 'tokens_per_sec' in r and r['iter'] > warmup]
-    plan_line = next((line for line in p.stdout.splitlines() if line.startswith('plan:')), '')
+    lines = p.stdout.splitlines()  # the planner's table: predicted and measured memory per rank
+    start = next((i for i, line in enumerate(lines) if line.startswith('plan:')), 0)
+    plan_table = '\n'.join(lines[start:next((i + 1 for i, line in enumerate(lines) if line.startswith('candidates:')), start)])
 
 tps = statistics.median(r['tokens_per_sec'] for r in rows)
 mfus = [r['mfu'] for r in rows if r.get('mfu')]
@@ -57,7 +59,7 @@ mfu = f"{100 * statistics.median(mfus):.1f}%" if mfus else 'n/a'
 mem = max(r.get('mem_gib', 0) for r in rows)
 command = 'python bench/throughput.py ' + ' '.join(sys.argv[1:])
 print(f"{tps:,.0f} tokens/s, MFU {mfu}, peak memory {mem:.2f} GiB, median of {len(rows)} steps after {warmup}")
-print(plan_line)
+print(plan_table)
 if record:
     try:
         import torch
