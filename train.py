@@ -357,15 +357,15 @@ def forward(split, offsets, weight):
 
 def forward_backward(offsets, sizes, weight, reduce=True, timed=False):
     # This rank's micro-batches. DDP reduces gradients after the last one only; FSDP reduce-scatters
-    # after each one, so that gradients stay sharded (an unsharded accumulation would cost a full
-    # model of gradients on every rank). Returns the summed token loss and this rank's compute time (with timed: the last backward
+    # after each one when the planner says so, so that gradients stay sharded (accumulating them
+    # unsharded costs a full model of gradients on every rank, but saves communication). Returns the summed token loss and this rank's compute time (with timed: the last backward
     # also waits for the reduction, so it is counted as twice its forward, as backward FLOPs are).
     loss_total, compute, done = torch.zeros((), device=device), 0.0, 0
     for i, size in enumerate(sizes):
-        reduce_now = reduce and (run_plan.shard or i == len(sizes) - 1)
+        reduce_now = reduce and (run_plan.reduce_every_micro_batch or i == len(sizes) - 1)
         if run_plan.shard:
             for m in fsdp_modules:
-                m.set_requires_gradient_sync(reduce)
+                m.set_requires_gradient_sync(reduce_now)
         with model.no_sync() if isinstance(model, DDP) and not reduce_now else nullcontext():
             t0 = clock(timed)
             loss, loss_sum = forward('train', offsets[done:done + size], weight)
