@@ -8,13 +8,13 @@ n_head = 4
 n_embd = 128
 block_size = 256
 dropout = 0.0
-batch_size = 16          # sequences per optimizer step, all ranks together: 16 × 256 = 4,096 tokens
+batch_size = 8           # sequences per optimizer step, all ranks together: 8 × 256 = 2,048 tokens
 learning_rate = 2e-3
 min_lr = 2e-4
 warmup_iters = 20
-max_iters = 300
-lr_decay_iters = 300
-eval_interval = 100
-eval_iters = 8
+max_iters = 250
+lr_decay_iters = 250
+eval_interval = 50
+eval_iters = 4
 log_interval = 10
-checkpoint_interval = 100
+checkpoint_interval = 250
