@@ -1,5 +1,5 @@
 # A ~7M-parameter GPT (5M of them in the tied 50304×128 embedding) that trains in a few
-# minutes on 2 CPU cores: the demo and the tests' model. Exact parameter count: 7,265,024.
+# minutes on 2 CPU cores: the demo. Exact parameter count: 7,265,024.
 # python data/prepare.py --dataset pydocs && python train.py configs/gpt_tiny.py
 out_dir = 'out/tiny'
 dataset = 'pydocs'
