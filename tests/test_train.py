@@ -48,8 +48,9 @@ def test_resume_continues_exactly(work):
 
 
 def test_loss_falls_and_log_line_has_progress(work):
+    # with wandb on and no network or API key: it logs offline and never stops the run
     p = run_train(work, *TINY, '--batch_size=8', '--max_iters=40', '--eval_interval=20', '--out_dir=falls',
-                  '--log_interval=10')
+                  '--log_interval=10', '--wandb_log=True', env={'WANDB_API_KEY': ''})
     losses = train_losses(work / 'falls')
     assert losses[40] < losses[10] - 0.5, losses
     line = [ln for ln in p.stdout.splitlines() if ln.startswith('iter 40: loss')][0]
@@ -57,6 +58,7 @@ def test_loss_falls_and_log_line_has_progress(work):
         assert word in line
     row = [r for r in metrics(work / 'falls') if r.get('loss') is not None][-1]
     assert {'iter', 'loss', 'lr', 'tokens_per_sec', 'mfu'} <= set(row)
+    assert any(d.startswith('offline-run') for d in os.listdir(work / 'falls' / 'wandb'))
 
 
 def test_keep_last_keeps_n_checkpoints(work):
