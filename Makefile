@@ -16,6 +16,6 @@ demo: .venv/installed data/pydocs/train.bin
 	$(PY) sample.py --out_dir=out/tiny --start="The dictionary" --num_samples=1 --max_new_tokens=120
 
 test: .venv/installed
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=8 tests
 
 .PHONY: demo test
