@@ -320,6 +320,42 @@ def micro_batches(n, cap, count=None):
     return [q + 1] * r + [q] * (count - r)
 
 
+def rank_micro_batches(shares, caps, rank, lockstep):
+    # Rank `rank`'s micro-batch sizes. Under DDP ranks may run different numbers of micro-batches
+    # (all but the last under no_sync); FSDP2 all-gathers in every forward (lockstep), so there all
+    # ranks run the same number, of varying size.
+    counts = [math.ceil(n / c) if n else 1 for n, c in zip(shares, caps)]
+    return micro_batches(shares[rank], caps[rank], max(counts) if lockstep else counts[rank])
+
+
+def step_time(split, c0, c1):
+    return max(a + b * n for a, b, n in zip(c0, c1, split))
+
+
+def better_split(current, c0, c1, gain=0.03):
+    # The best split of the same batch, if it is predicted to be more than `gain` faster: noise in
+    # the measured speeds must not make the split wander. A share has no cap: it runs in
+    # micro-batches of at most the rank's cap, accumulating.
+    batch = sum(current)
+    best = split_batch(batch, c0, c1, [batch] * len(current))
+    return best if step_time(best, c0, c1) < (1 - gain) * step_time(current, c0, c1) else current
+
+
+def weighted_split(batch, weights):
+    # balance=w1,w2,...: shares proportional to the weights, in whole sequences
+    return split_batch(batch, [0.0] * len(weights), [1 / w for w in weights], [batch] * len(weights))
+
+
+def this_rank(device_type, rank, local_world):
+    # What this rank has, for make_plan: its device and free memory, and its node's host memory.
+    host = host_memory_available()
+    cuda = device_type == 'cuda'
+    return dict(device=device_type, node=rank // local_world, host_mem=host,
+                gpu=gpu_key(torch.cuda.get_device_name()) if cuda else None,
+                mem=torch.cuda.mem_get_info()[0] if cuda else host // local_world,
+                overhead=torch.cuda.memory_reserved() if cuda else 0)
+
+
 # -----------------------------------------------------------------------------
 # The planner
 @dataclass

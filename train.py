@@ -145,9 +145,7 @@ if device_type == 'cuda':
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 
 
-def log(*args):
-    if master:
-        print(*args, flush=True)
+log = functools.partial(print, flush=True) if master else lambda *args: None
 
 
 # -----------------------------------------------------------------------------
@@ -181,18 +179,14 @@ def get_batch(split, offsets):
     y = np.stack([tokens[i + 1:i + 1 + block_size] for i in offsets]).astype(np.int64)
     if x.max(initial=0) >= vocab_size or y.max(initial=0) >= vocab_size:
         die(f"data/{dataset}/{split}.bin holds token ids >= vocab_size={vocab_size}: wrong tokenizer or dtype")
-    x, y = torch.from_numpy(x), torch.from_numpy(y)
-    if device_type == 'cuda':
-        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-    return x, y
+    pinned = lambda t: t.pin_memory().to(device, non_blocking=True) if device_type == 'cuda' else t
+    return pinned(torch.from_numpy(x)), pinned(torch.from_numpy(y))
 
 
 # -----------------------------------------------------------------------------
 # checkpoints: out_dir/ckpt_<iter>/ written by torch.distributed.checkpoint (every rank its shard;
 # loads under any strategy and world size), made visible by renaming from .tmp when complete.
-def checkpoints():
-    if not os.path.isdir(out_dir):
-        return []
+def checkpoints():  # the complete ones, oldest first (out_dir exists: made at start-up)
     return sorted(os.path.join(out_dir, d) for d in os.listdir(out_dir) if re.fullmatch(r'ckpt_\d{8}', d))
 
 
@@ -226,17 +220,12 @@ def save_checkpoint(step):
 def load_checkpoint(path):
     try:
         meta = json.load(open(os.path.join(path, 'hetgpt.json')))
-    except (OSError, ValueError) as e:
-        die(f"checkpoint {path} is damaged ({type(e).__name__}); move it away to resume from the one before, "
-            f"or use init_from=scratch")
-    if meta['model_args'] != vars(model_args):
-        diff = {k: (v, meta['model_args'].get(k)) for k, v in vars(model_args).items() if meta['model_args'].get(k) != v}
-        die(f"{path} holds another model ({', '.join(f'{k}={b} here {a}' for k, (a, b) in diff.items())}); "
-            f"use its config, another out_dir, or init_from=scratch")
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    try:
+        if meta['model_args'] != vars(model_args):
+            diff = [f"{k}={meta['model_args'].get(k)} here {v}" for k, v in vars(model_args).items() if meta['model_args'].get(k) != v]
+            die(f"{path} holds another model ({', '.join(diff)}); use its config, another out_dir, or init_from=scratch")
+        model_sd, optim_sd = get_state_dict(model, optimizer)
         dcp.load({'model': model_sd, 'optim': optim_sd}, checkpoint_id=path)
-    except (Exception, CheckpointException) as e:  # (DCP's exception is a BaseException)
+    except (Exception, CheckpointException) as e:  # (DCP's exception is a BaseException; die's is neither)
         die(f"checkpoint {path} is damaged ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); "
             f"move it away to resume from the one before, or use init_from=scratch")
     set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
@@ -245,13 +234,10 @@ def load_checkpoint(path):
 
 # -----------------------------------------------------------------------------
 # model and plan
-resume_from = None
-if init_from in ('resume', 'auto'):
-    found = checkpoints()
-    if found:
-        resume_from = found[-1]
-    elif init_from == 'resume':
-        die(f"init_from=resume but {out_dir} has no checkpoint; train first or use init_from=auto")
+found = checkpoints()
+if init_from == 'resume' and not found:
+    die(f"init_from=resume but {out_dir} has no checkpoint; train first or use init_from=auto")
+resume_from = found[-1] if found and init_from in ('resume', 'auto') else None
 if init_from.startswith('gpt2'):
     raw_model = GPT.from_pretrained(init_from, dropout=dropout)
     model_args = raw_model.config
@@ -260,12 +246,7 @@ else:
 if model_args.block_size < block_size:
     die(f"block_size={block_size} exceeds the model's {model_args.block_size}")
 
-# What each rank has, for the planner: its device and memory, and its node's host memory.
-host_bytes = planner.host_memory_available()
-me = dict(device=device_type, node=rank // local_world, host_mem=host_bytes,
-          gpu=planner.gpu_key(torch.cuda.get_device_name()) if device_type == 'cuda' else None,
-          mem=torch.cuda.mem_get_info()[0] if device_type == 'cuda' else host_bytes // local_world,
-          overhead=torch.cuda.memory_reserved() if device_type == 'cuda' else 0)
+me = planner.this_rank(device_type, rank, local_world)  # device, memory, node, host memory
 ranks = [None] * world_size
 dist.all_gather_object(ranks, me)
 run_plan = planner.make_plan(model_args, batch_size, ranks, plan=plan, micro_batch_size=micro_batch_size,
@@ -277,7 +258,7 @@ if not run_plan.fits:
 # same initial weights under every strategy. 'meta': shapes only; each rank materialises and
 # initialises just its own shard after wrapping, for models whose full copy per rank would not fit.
 if init_device == 'auto':
-    init_device = 'cpu' if 4 * planner.counts(model_args)['total'] * local_world < host_bytes / 2 else 'meta'
+    init_device = 'cpu' if 4 * planner.counts(model_args)['total'] * local_world < me['host_mem'] / 2 else 'meta'
 torch.manual_seed(seed)
 if not init_from.startswith('gpt2'):
     with torch.device(init_device):
@@ -332,14 +313,6 @@ def get_lr(it):
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
 
 
-def micro_batch_sizes(shares):
-    # Under DDP ranks may run different numbers of micro-batches (all but the last under no_sync);
-    # FSDP2 all-gathers in every forward, so there all ranks run the same number, of varying size.
-    counts = [math.ceil(n / c) if n else 1 for n, c in zip(shares, caps)]
-    count = max(counts) if run_plan.shard else counts[rank]
-    return planner.micro_batches(shares[rank], caps[rank], count)
-
-
 def clock(sync):
     if sync and device_type == 'cuda':
         torch.cuda.synchronize()
@@ -358,8 +331,9 @@ def forward(split, offsets, weight):
 def forward_backward(offsets, sizes, weight, reduce=True, timed=False):
     # This rank's micro-batches. DDP reduces gradients after the last one only; FSDP reduce-scatters
     # after each one when the planner says so, so that gradients stay sharded (accumulating them
-    # unsharded costs a full model of gradients on every rank, but saves communication). Returns the summed token loss and this rank's compute time (with timed: the last backward
-    # also waits for the reduction, so it is counted as twice its forward, as backward FLOPs are).
+    # unsharded costs a full model of gradients per rank but saves communication). Returns the summed
+    # token loss and this rank's compute time (with timed: the last backward also waits for the
+    # reduction, so it is counted as twice its forward, as backward FLOPs are).
     loss_total, compute, done = torch.zeros((), device=device), 0.0, 0
     for i, size in enumerate(sizes):
         reduce_now = reduce and (run_plan.reduce_every_micro_batch or i == len(sizes) - 1)
@@ -379,8 +353,7 @@ def forward_backward(offsets, sizes, weight, reduce=True, timed=False):
 
 # -----------------------------------------------------------------------------
 # Heterogeneous ranks. Rank r's step time is modelled as t_r(n) = c0_r + c1_r·n for n sequences;
-# the split of the global batch minimises the slowest rank's time (planner.split_batch). A share
-# has no memory cap: it runs in micro-batches of at most the rank's cap, accumulating.
+# the split of the global batch minimises the slowest rank's time (planner.better_split).
 def measure_speed():
     # Forward+backward without gradient sync at two micro-batch sizes (after a warm-up), fitted.
     b1, b2 = max(1, caps[rank] // 2), caps[rank]
@@ -392,17 +365,6 @@ def measure_speed():
     fits = [None] * world_size
     dist.all_gather_object(fits, (c0, c1))
     return [f[0] for f in fits], [f[1] for f in fits]
-
-
-def step_time(split, c0, c1):
-    return max(a + b * n for a, b, n in zip(c0, c1, split))
-
-
-def choose_split(current, c0, c1):
-    # Move to the best split only when it is predicted to be more than 3% faster: noise in the
-    # measurement must not make the split wander.
-    best = planner.split_batch(batch_size, c0, c1, [batch_size] * world_size)
-    return best if step_time(best, c0, c1) < 0.97 * step_time(current, c0, c1) else current
 
 
 caps = run_plan.micro_batch
@@ -418,20 +380,20 @@ while True:
         for group in optimizer.param_groups:
             group['lr'] = 0.0
         optimizer.step()
-        oom = 0
+        oom = False
     except torch.cuda.OutOfMemoryError:
-        oom = 1
+        oom = True
     optimizer.zero_grad(set_to_none=True)
     optimizer.state.clear()
-    flags = torch.tensor([oom, caps[rank] if oom else 0])
-    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    if not flags[0]:
+    failed = [None] * world_size
+    dist.all_gather_object(failed, oom)
+    if not any(failed):
         break
-    if flags[1] == 1:
-        die(f"out of memory at micro-batch 1 under plan {run_plan.strategy}: try the next rung, "
-            f"plan={planner.STRATEGIES[min(planner.STRATEGIES.index(run_plan.strategy) + 1, len(planner.STRATEGIES) - 1)]}")
-    caps[rank] = max(1, caps[rank] // 2) if oom else caps[rank]
-    dist.all_gather_object(caps, caps[rank])
+    if any(f and c == 1 for f, c in zip(failed, caps)):
+        rungs = planner.STRATEGIES[planner.STRATEGIES.index(run_plan.strategy) + 1:]
+        die(f"out of memory at micro-batch 1 under plan {run_plan.strategy}: try "
+            f"{'plan=' + rungs[0] if rungs else 'more GPUs or a shorter block_size'}")
+    caps = [max(1, c // 2) if f else c for f, c in zip(failed, caps)]
     log(f"out of memory in the probe step: micro-batches now {caps}")
 measured = [None] * world_size
 dist.all_gather_object(measured, {'total': torch.cuda.max_memory_reserved() if device_type == 'cuda' else planner.peak_rss()})
@@ -440,26 +402,23 @@ iter_num = 0
 if resume_from:
     iter_num = load_checkpoint(resume_from)
     log(f"resumed from {resume_from} at iter {iter_num}")
-if master:  # checkpoints a killed run left half-written
+metrics_path = os.path.join(out_dir, 'metrics.jsonl')
+if master:  # drop checkpoints a killed run left half-written, and metrics past the one we resume
     for d in os.listdir(out_dir):
         if d.endswith('.tmp'):
             shutil.rmtree(os.path.join(out_dir, d), ignore_errors=True)
-metrics_path = os.path.join(out_dir, 'metrics.jsonl')
-if master:  # keep only what happened before the checkpoint we continue from
     rows = [line for line in open(metrics_path)] if os.path.exists(metrics_path) and resume_from else []
     with open(metrics_path, 'w') as f:
         f.writelines(r for r in rows if json.loads(r)['iter'] <= iter_num)
-shares = planner.split_batch(batch_size, [0.0] * world_size, [1.0] * world_size, [batch_size] * world_size)  # even
+shares = planner.weighted_split(batch_size, [1.0] * world_size)  # even
 if balance == 'auto' and world_size > 1:
     speed_c0, speed_c1 = measure_speed()
-    shares = choose_split(shares, speed_c0, speed_c1)
+    shares = planner.better_split(shares, speed_c0, speed_c1)
 elif balance not in ('auto', 'even'):
-    try:
-        weights = [float(w) for w in balance.split(',')]
-        assert len(weights) == world_size and min(weights) > 0
-    except (ValueError, AssertionError):
+    weights = [float(w) for w in balance.split(',') if re.fullmatch(r'\d+(\.\d*)?', w) and float(w) > 0]
+    if len(weights) != world_size or len(balance.split(',')) != world_size:
         die(f"balance={balance!r}: give auto, even, or {world_size} positive weights like " + ','.join(['1'] * world_size))
-    shares = planner.split_batch(batch_size, [0.0] * world_size, [1 / w for w in weights], [batch_size] * world_size)
+    shares = planner.weighted_split(batch_size, weights)
 
 
 @torch.no_grad()
@@ -503,14 +462,20 @@ def record(row):
 
 log(f"{raw_model.num_params(False):,} parameters; {world_size} rank(s) on {device_type}, {dtype}; "
     f"{tokens_per_step:,} tokens per step; shares {shares}")
-if iter_num == 0 and not resume_from:
+
+
+def validate():
     val = evaluate()
-    log(f"iter 0: val loss {val:.4f}")
-    record({'iter': 0, 'tokens': 0, 'val_loss': val})
+    log(f"iter {iter_num}: val loss {val:.4f}")
+    record({'iter': iter_num, 'tokens': iter_num * tokens_per_step, 'val_loss': val})
+
+
+if iter_num == 0:
+    validate()
 bad_steps = 0
 stop_signals = []  # SIGTERM (preemption) or SIGUSR1 (Slurm's warning): checkpoint at the end of the step
-signal.signal(signal.SIGTERM, lambda signum, frame: stop_signals.append(signum))
-signal.signal(signal.SIGUSR1, lambda signum, frame: stop_signals.append(signum))
+for sig in (signal.SIGTERM, signal.SIGUSR1):
+    signal.signal(sig, lambda signum, frame: stop_signals.append(signum))
 control = dist.new_group(backend='gloo') if backend != 'gloo' else None  # CPU flags without a GPU sync
 busy = torch.zeros(2, dtype=torch.float64)  # smoothed (compute, whole step) seconds of this rank
 t_log, steps_since, loss_acc = time.perf_counter(), 0, torch.zeros((), device=device)
@@ -521,12 +486,13 @@ while iter_num < max_iters:
         group['lr'] = lr
     start = sum(shares[:rank])
     offsets = batch_offsets('train', iter_num, batch_size)[start:start + shares[rank]]
-    # loss = sum of token losses / tokens of the whole batch; × world_size undoes DDP's and FSDP's
-    # averaging over ranks, so the reduced gradient is that of the whole batch.
+    sizes = planner.rank_micro_batches(shares, caps, rank, lockstep=run_plan.shard)
     # Per-rank compute time: always on CPU; on CUDA (it synchronises) in the steps before a rebalance.
     timed = world_size > 1 and (device_type == 'cpu' or iter_num % rebalance_interval >= rebalance_interval - 5)
     t_step = clock(timed)
-    loss_sum, compute = forward_backward(offsets, micro_batch_sizes(shares), world_size / tokens_per_step, timed=timed)
+    # loss = sum of token losses / tokens of the whole batch; × world_size undoes DDP's and FSDP's
+    # averaging over ranks, so the reduced gradient is that of the whole batch.
+    loss_sum, compute = forward_backward(offsets, sizes, world_size / tokens_per_step, timed=timed)
     loss_acc += loss_sum
     scaler.unscale_(optimizer)
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float('inf'))
@@ -538,10 +504,9 @@ while iter_num < max_iters:
         bad_steps += 1
         log(f"iter {iter_num}: loss or gradients not finite, update skipped ({bad_steps} in a row)")
         if bad_steps >= max_bad_steps:
-            last = checkpoints()
-            die(f"{bad_steps} steps in a row with non-finite loss or gradients, the last at iter {iter_num}; "
-                f"{'the last good checkpoint is ' + last[-1] if last else 'no checkpoint yet'}: lower "
-                f"learning_rate or check the data, then init_from=resume")
+            die(f"{bad_steps} steps in a row with non-finite loss or gradients, the last at iter {iter_num}; the last "
+                f"good checkpoint is {(checkpoints() or ['none yet'])[-1]}: lower learning_rate or check the data, "
+                f"then init_from=resume")
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
     iter_num += 1
@@ -553,10 +518,10 @@ while iter_num < max_iters:
         times = [None] * world_size
         dist.all_gather_object(times, float(busy[0]))
         speed_c1 = [max(t - a, 0.05 * t) / n if n else b for t, a, b, n in zip(times, speed_c0, speed_c1, shares)]
-        new = choose_split(shares, speed_c0, speed_c1)
+        new = planner.better_split(shares, speed_c0, speed_c1)
         if new != shares:
-            log(f"iter {iter_num}: rebalanced {shares} -> {new} (predicted step "
-                f"{step_time(shares, speed_c0, speed_c1):.3f}s -> {step_time(new, speed_c0, speed_c1):.3f}s)")
+            before, after = (planner.step_time(s, speed_c0, speed_c1) for s in (shares, new))
+            log(f"iter {iter_num}: rebalanced {shares} -> {new} (predicted step {before:.3f}s -> {after:.3f}s)")
             shares = new
 
     if iter_num % log_interval == 0 or iter_num == max_iters:
@@ -581,9 +546,7 @@ while iter_num < max_iters:
         t_log, steps_since, loss_acc = time.perf_counter(), 0, torch.zeros((), device=device)
     t_pause = time.perf_counter()  # evaluation and checkpoints are not step time
     if iter_num % eval_interval == 0 or iter_num == max_iters:
-        val = evaluate()
-        log(f"iter {iter_num}: val loss {val:.4f}")
-        record({'iter': iter_num, 'tokens': iter_num * tokens_per_step, 'val_loss': val})
+        validate()
     stop = torch.tensor(len(stop_signals))
     dist.all_reduce(stop, group=control)  # a signal may reach the ranks at different steps
     if iter_num % checkpoint_interval == 0 or iter_num == max_iters or stop:

@@ -8,8 +8,8 @@ import numpy as np
 import torch
 import pytest
 
-from trainer import (TINY, latest_checkpoint, load_params, make_dataset, max_rel_diff, metrics, run_train,
-                     train_command, train_losses)
+from trainer import (TINY, latest_checkpoint, load_params, make_dataset, max_rel_diff, run_train, train_command,
+                     train_losses)
 
 RUN = TINY + ['--batch_size=4', '--max_iters=12', '--eval_interval=4', '--checkpoint_interval=2', '--keep_last=2']
 
