@@ -8,13 +8,13 @@ model as a transformers GPT-2 directory instead.
 import codecs
 import json
 import os
-import re
 import sys
 import warnings
 
 import torch
 import torch.distributed.checkpoint as dcp
 
+from ckpt import checkpoints
 from configurator import configure, die, is_knob
 from model import GPT, config_from
 
@@ -38,12 +38,10 @@ warnings.filterwarnings('ignore', message='torch.distributed is disabled')
 
 
 def latest_checkpoint(path):
-    # A checkpoint directory itself, or the newest ckpt_XXXXXXXX in a run's out_dir. A name with
-    # a .tmp suffix is a checkpoint still being written (or abandoned): never a candidate.
+    # A checkpoint directory itself, or the newest complete one in a run's out_dir.
     if os.path.isfile(os.path.join(path, 'hetgpt.json')):
         return path
-    names = sorted(n for n in os.listdir(path) if re.fullmatch(r'ckpt_\d{8}', n)) if os.path.isdir(path) else []
-    return os.path.join(path, names[-1]) if names else None
+    return (checkpoints(path) or [None])[-1]
 
 
 def load_checkpoint(ckpt):

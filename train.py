@@ -31,6 +31,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 
 import plan as planner
+from ckpt import checkpoints
 from configurator import configure, die, is_knob
 from model import GPT, config_from
 
@@ -185,11 +186,8 @@ def get_batch(split, offsets):
 
 # -----------------------------------------------------------------------------
 # checkpoints: out_dir/ckpt_<iter>/ written by torch.distributed.checkpoint (every rank its shard;
-# loads under any strategy and world size), made visible by renaming from .tmp when complete.
-def checkpoints():  # the complete ones, oldest first (out_dir exists: made at start-up)
-    return sorted(os.path.join(out_dir, d) for d in os.listdir(out_dir) if re.fullmatch(r'ckpt_\d{8}', d))
-
-
+# loads under any strategy and world size), made visible by renaming from .tmp when complete
+# (ckpt.py lists them and makes reading them safe).
 def save_checkpoint(step):
     final = os.path.join(out_dir, f'ckpt_{step:08d}')
     tmp = final + '.tmp'
@@ -205,14 +203,14 @@ def save_checkpoint(step):
                 f.flush()
                 os.fsync(f.fileno())
     except (Exception, CheckpointException) as e:  # a full disk, a quota: the last complete one is still there
-        last = checkpoints()
+        last = checkpoints(out_dir)
         die(f"could not write checkpoint {tmp} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
             f"{'the last complete one, ' + last[-1] + ', is intact' if last else 'no checkpoint was lost'}: "
             f"free space, then init_from=resume")
     if master:
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
-        for old in checkpoints()[:-keep_last]:
+        for old in checkpoints(out_dir)[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
     dist.barrier()
 
@@ -234,7 +232,7 @@ def load_checkpoint(path):
 
 # -----------------------------------------------------------------------------
 # model and plan
-found = checkpoints()
+found = checkpoints(out_dir)
 if init_from == 'resume' and not found:
     die(f"init_from=resume but {out_dir} has no checkpoint; train first or use init_from=auto")
 resume_from = found[-1] if found and init_from in ('resume', 'auto') else None
@@ -370,7 +368,7 @@ def measure_speed():
 caps = run_plan.micro_batch
 # Check the plan on the real device: one forward+backward at each rank's micro-batch cap and one AdamW
 # step with lr 0 (it allocates the optimizer state and leaves the weights as they are). A rank that
-# runs out of memory halves its micro-batch and all probe again.
+# runs out of memory, or over its budget, halves its micro-batch and all probe again.
 while True:
     if device_type == 'cuda':
         torch.cuda.empty_cache()
@@ -380,7 +378,8 @@ while True:
         for group in optimizer.param_groups:
             group['lr'] = 0.0
         optimizer.step()
-        oom = False
+        peak = torch.cuda.max_memory_reserved() if device_type == 'cuda' else planner.peak_rss()
+        oom = peak > memory_fraction * me['mem']
     except torch.cuda.OutOfMemoryError:
         oom = True
     optimizer.zero_grad(set_to_none=True)
@@ -396,7 +395,7 @@ while True:
     caps = [max(1, c // 2) if f else c for f, c in zip(failed, caps)]
     log(f"out of memory in the probe step: micro-batches now {caps}")
 measured = [None] * world_size
-dist.all_gather_object(measured, {'total': torch.cuda.max_memory_reserved() if device_type == 'cuda' else planner.peak_rss()})
+dist.all_gather_object(measured, {'total': peak})
 log(run_plan.table(measured))
 iter_num = 0
 if resume_from:
@@ -505,7 +504,7 @@ while iter_num < max_iters:
         log(f"iter {iter_num}: loss or gradients not finite, update skipped ({bad_steps} in a row)")
         if bad_steps >= max_bad_steps:
             die(f"{bad_steps} steps in a row with non-finite loss or gradients, the last at iter {iter_num}; the last "
-                f"good checkpoint is {(checkpoints() or ['none yet'])[-1]}: lower learning_rate or check the data, "
+                f"good checkpoint is {(checkpoints(out_dir) or ['none yet'])[-1]}: lower learning_rate or check the data, "
                 f"then init_from=resume")
     scaler.update()
     optimizer.zero_grad(set_to_none=True)

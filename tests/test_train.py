@@ -117,7 +117,12 @@ def test_checkpoint_of_another_model_is_refused(work):
     assert os.path.exists(work / 'other' / 'ckpt_00000001' / 'hetgpt.json')  # nothing lost
 
 
-@pytest.mark.parametrize('damage', ['garbage', 'no_meta'])
+class Payload:  # what a tampered checkpoint could hold: unpickling it would run a shell command
+    def __reduce__(self):
+        return (os.system, ('touch PWNED',))
+
+
+@pytest.mark.parametrize('damage', ['garbage', 'no_meta', 'tampered'])
 def test_damaged_checkpoint_is_named_and_kept(work, damage):
     out = work / f'damaged_{damage}'
     run_train(work, *TINY, '--batch_size=2', '--max_iters=1', f'--out_dir={out.name}', '--eval_interval=100')
@@ -126,13 +131,17 @@ def test_damaged_checkpoint_is_named_and_kept(work, damage):
         for f in os.listdir(ckpt):
             if f.endswith('.distcp'):
                 (ckpt / f).write_bytes(b'not a checkpoint')
-    else:
+    elif damage == 'no_meta':
         os.remove(ckpt / 'hetgpt.json')
+    else:
+        import pickle
+        (ckpt / '.metadata').write_bytes(pickle.dumps(Payload()))
     p = run_train(work, *TINY, '--batch_size=2', '--max_iters=2', f'--out_dir={out.name}', '--init_from=resume',
                   check=False)
     assert p.returncode != 0 and 'damaged' in p.stderr and 'ckpt_00000001' in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1 and 'Traceback' not in p.stderr
     assert ckpt.exists()  # nothing deleted
+    assert not (work / 'PWNED').exists()  # and nothing run
 
 
 def test_more_ranks_than_sequences_is_refused(work):
