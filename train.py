@@ -255,7 +255,9 @@ if not run_plan.fits:
 # Where the weights are first made. 'cpu': the whole model on the host, then placed or sharded: the
 # same initial weights under every strategy. 'meta': shapes only; each rank materialises and
 # initialises just its own shard after wrapping, for models whose full copy per rank would not fit.
-if init_device == 'auto':
+if init_from.startswith('gpt2'):
+    init_device = 'cpu'  # the pretrained weights are on the host already
+elif init_device == 'auto':
     init_device = 'cpu' if 4 * planner.counts(model_args)['total'] * local_world < me['host_mem'] / 2 else 'meta'
 torch.manual_seed(seed)
 if not init_from.startswith('gpt2'):
@@ -263,8 +265,11 @@ if not init_from.startswith('gpt2'):
         raw_model = GPT(model_args)
 
 # Apply the plan, in this order: activation checkpointing, then compile, then FSDP/DDP wrapping
-# (compile sees the checkpointed blocks; FSDP wraps the compiled ones; torchtitan's order).
-if run_plan.ac:
+# (compile sees the checkpointed blocks; FSDP wraps the compiled ones; torchtitan's order). Under DDP
+# and plan=auto each rank chooses: one whose micro-batch fits without checkpointing does not recompute.
+ac = run_plan.ac and (plan != 'auto' or run_plan.shard or planner.estimate(
+    model_args, 'ddp', run_plan.micro_batch[rank], world_size, dtype, device=device_type)['total'] > memory_fraction * me['mem'])
+if ac:
     for block in raw_model.transformer.h:
         block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
 if compile:
@@ -302,6 +307,7 @@ except (RuntimeError, TypeError):  # no fused kernel for this device or torch ve
     optimizer = torch.optim.AdamW(groups, lr=learning_rate, betas=(beta1, beta2), eps=adam_eps, foreach=True)
 scaler = torch.amp.GradScaler(device_type, enabled=dtype == 'float16')
 
+
 def get_lr(it):
     if it < warmup_iters:
         return learning_rate * (it + 1) / (warmup_iters + 1)
@@ -327,11 +333,10 @@ def forward(split, offsets, weight):
 
 
 def forward_backward(offsets, sizes, weight, reduce=True, timed=False):
-    # This rank's micro-batches. DDP reduces gradients after the last one only; FSDP reduce-scatters
-    # after each one when the planner says so, so that gradients stay sharded (accumulating them
-    # unsharded costs a full model of gradients per rank but saves communication). Returns the summed
-    # token loss and this rank's compute time (with timed: the last backward also waits for the
-    # reduction, so it is counted as twice its forward, as backward FLOPs are).
+    # This rank's micro-batches. DDP reduces gradients after the last one; FSDP after each one when the
+    # planner says so (sharded gradients; unsharded accumulation costs memory, saves communication).
+    # Returns the token-loss sum and this rank's compute time; timed, the last backward, which also
+    # waits for the reduction, counts as twice its forward (as backward FLOPs are).
     loss_total, compute, done = torch.zeros((), device=device), 0.0, 0
     for i, size in enumerate(sizes):
         reduce_now = reduce and (run_plan.reduce_every_micro_batch or i == len(sizes) - 1)
