@@ -59,13 +59,14 @@ def test_kill_9_anywhere_then_resume_is_exact(work, moment):
     same_as_straight(work, out.name)
 
 
-def test_sigterm_checkpoints_at_the_end_of_the_step_and_exits_0(work):
-    out = work / 'preempted'
+@pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGUSR1])  # preemption; Slurm's --signal warning
+def test_signal_checkpoints_at_the_end_of_the_step_and_exits_0(work, sig):
+    out = work / f'preempted_{sig.name}'
     cmd = train_command(faults=True) + RUN + [f'--out_dir={out.name}', '--checkpoint_interval=100']
     p = subprocess.Popen(cmd, cwd=work, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in p.stdout:
         if line.startswith('iter 3: loss'):
-            p.send_signal(signal.SIGTERM)
+            p.send_signal(sig)
             break
     rest, err = p.communicate(timeout=120)
     assert p.returncode == 0, err
