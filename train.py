@@ -110,6 +110,10 @@ if plan not in ('auto',) + planner.STRATEGIES:
 world_size = int(os.environ.get('WORLD_SIZE', 1))  # set by torchrun, as the three below
 rank, local_rank = int(os.environ.get('RANK', 0)), int(os.environ.get('LOCAL_RANK', 0))
 local_world = int(os.environ.get('LOCAL_WORLD_SIZE', 1))
+if balance not in ('auto', 'even'):  # checked now, not after the model is built
+    weights = [float(w) for w in balance.split(',') if re.fullmatch(r'\d+(\.\d*)?', w) and float(w) > 0]
+    if len(weights) != world_size or len(balance.split(',')) != world_size:
+        die(f"balance={balance!r}: give auto, even, or {world_size} positive weights like " + ','.join(['1'] * world_size))
 if batch_size < world_size:
     die(f"batch_size={batch_size} cannot feed {world_size} ranks: raise batch_size or use fewer ranks")
 try:  # fail now, not at the first checkpoint an hour from here
@@ -317,10 +321,8 @@ def get_lr(it):
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
 
 
-def clock(sync):
-    if sync and device_type == 'cuda':
-        torch.cuda.synchronize()
-    return time.perf_counter()
+def clock(sync):  # seconds; with sync, after the GPU's queued work has finished
+    return (torch.cuda.synchronize() if sync and device_type == 'cuda' else None) or time.perf_counter()
 
 
 def forward(split, offsets, weight):
@@ -383,8 +385,9 @@ while True:
         for group in optimizer.param_groups:
             group['lr'] = 0.0
         optimizer.step()
-        peak = torch.cuda.max_memory_reserved() if device_type == 'cuda' else planner.peak_rss()
-        oom = peak > memory_fraction * me['mem']
+        peak_mem = torch.cuda.max_memory_reserved() if device_type == 'cuda' else planner.peak_rss()
+        # over budget counts too, on a GPU (a host's peak RSS is a lifetime mark: halving can't lower it)
+        oom = device_type == 'cuda' and peak_mem > memory_fraction * me['mem']
     except torch.cuda.OutOfMemoryError:
         oom = True
     optimizer.zero_grad(set_to_none=True)
@@ -400,7 +403,7 @@ while True:
     caps = [max(1, c // 2) if f else c for f, c in zip(failed, caps)]
     log(f"out of memory in the probe step: micro-batches now {caps}")
 measured = [None] * world_size
-dist.all_gather_object(measured, {'total': peak})
+dist.all_gather_object(measured, {'total': peak_mem})
 log(run_plan.table(measured))
 iter_num = 0
 if resume_from:
@@ -419,9 +422,6 @@ if balance == 'auto' and world_size > 1:
     speed_c0, speed_c1 = measure_speed()
     shares = planner.better_split(shares, speed_c0, speed_c1)
 elif balance not in ('auto', 'even'):
-    weights = [float(w) for w in balance.split(',') if re.fullmatch(r'\d+(\.\d*)?', w) and float(w) > 0]
-    if len(weights) != world_size or len(balance.split(',')) != world_size:
-        die(f"balance={balance!r}: give auto, even, or {world_size} positive weights like " + ','.join(['1'] * world_size))
     shares = planner.weighted_split(batch_size, weights)
 
 
