@@ -3,7 +3,7 @@ GPT-2, in one file: what the network is, and nothing about where it runs.
 Sharding, activation checkpointing, compilation and offload are applied from the outside
 (plan.py / train.py); nothing here knows about ranks or devices.
 References: OpenAI's GPT-2 (github.com/openai/gpt-2), HF transformers' modeling_gpt2.py,
-nanoGPT's model.py (whose module names we keep, so HF weights map one to one).
+nanoGPT's model.py (whose module names we keep, so HF weights map one to one: hf.py).
 """
 import math
 from dataclasses import dataclass, fields
@@ -82,6 +82,54 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+def chunk_loss(raw, targets):
+    # One chunk of logits (rows, vocab) in the compute dtype → (sum of its token losses, gradient of that
+    # sum with respect to the logits: softmax - one-hot, in the compute dtype). Targets -1 add nothing.
+    # Only elementwise work, which torch.compile fuses into one pass (train.py compiles it with the blocks).
+    logits, keep, targets = raw.float(), targets != -1, targets.clamp(min=0)
+    lse = torch.logsumexp(logits, dim=-1).masked_fill_(~keep, float('inf'))  # ignored rows: softmax 0
+    loss = (lse - logits.gather(1, targets[:, None]).squeeze(1)).masked_fill_(~keep, 0.0).sum()
+    grad = logits.sub_(lse[:, None]).exp_()  # the softmax, in place of the logits
+    grad[torch.arange(len(targets), device=raw.device), targets] -= keep.float()
+    return loss, grad.to(raw.dtype)
+
+
+class LMHeadLoss(torch.autograd.Function):
+    # Sum of the token cross-entropies of the logits x @ weight.T, LOSS_CHUNK tokens at a time. The
+    # logits of the whole micro-batch (tokens × vocab, which float32 copies, log-softmax and gradient
+    # would each hold again) never exist: each chunk's logits become at once that chunk's share of the
+    # gradients of x and weight, which backward returns scaled.
+    kernel = staticmethod(chunk_loss)
+
+    @staticmethod
+    def forward(ctx, x, weight, targets, need_grad):
+        shape, x, targets = x.shape, x.reshape(-1, x.size(-1)), targets.reshape(-1)
+        loss = torch.zeros((), device=x.device)
+        grad_x = torch.empty_like(x) if need_grad else None
+        grad_w = torch.zeros(weight.shape, device=x.device) if need_grad else None  # float32 sum
+        rows = LOSS_CHUNK.get(x.device.type, 1024)
+        for i in range(0, len(targets), rows):
+            xc = x[i:i + rows]
+            chunk_sum, grad = LMHeadLoss.kernel(xc @ weight.t(), targets[i:i + rows])
+            loss += chunk_sum
+            if need_grad:
+                grad_x[i:i + rows] = grad @ weight
+                grad_w += grad.t() @ xc
+        ctx.shape, ctx.weight_dtype = shape, weight.dtype
+        ctx.save_for_backward(grad_x, grad_w)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grad_x, grad_w = ctx.saved_tensors
+        return (grad_x * grad_loss).view(ctx.shape), (grad_w * grad_loss).to(ctx.weight_dtype), None, None
+
+
+# Tokens per chunk, by device type. On a CPU 128 × 50304 float32 logits (26 MB) stay in the last-level
+# cache: 128 ran faster than 1024 here (bench/RESULTS.md). A GPU wants larger matmuls (not yet measured).
+LOSS_CHUNK = {'cpu': 128, 'cuda': 4096}
+
+
 class GPT(nn.Module):
 
     def __init__(self, config):
@@ -139,10 +187,9 @@ class GPT(nn.Module):
         x = self.transformer.ln_f(x)
         if targets is None:
             return self.lm_head(x[:, [-1]] if last_only else x), None
-        logits = self.lm_head(x)
-        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1),
-                               ignore_index=-1, reduction=reduction)
-        return logits, loss
+        # The loss without the (tokens × vocab) logits: see LMHeadLoss. No logits are returned.
+        loss = LMHeadLoss.apply(x, self.lm_head.weight, targets, torch.is_grad_enabled())
+        return None, loss if reduction == 'sum' else loss / (targets != -1).sum()
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True,
@@ -179,34 +226,6 @@ class GPT(nn.Module):
             if on_token is not None:
                 on_token(idx_next)
         return idx
-
-    @classmethod
-    def from_hf(cls, hf_model, **overrides):
-        # Builds a GPT from a transformers GPT2LMHeadModel (already loaded: from the hub, from a
-        # local directory, or made in a test). HF's Conv1D stores weights as (in, out): transpose.
-        hc = hf_model.config
-        config = GPTConfig(block_size=hc.n_positions, vocab_size=hc.vocab_size, n_layer=hc.n_layer,
-                           n_head=hc.n_head, n_embd=hc.n_embd, bias=True, dropout=0.0)
-        for k, v in overrides.items():
-            setattr(config, k, v)
-        model = cls(config)
-        ours, theirs = model.state_dict(), hf_model.state_dict()
-        conv1d = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')
-        for k, v in theirs.items():
-            if k.endswith(('.attn.bias', '.attn.masked_bias')):  # causal-mask buffers of old HF
-                continue
-            assert k in ours, f"unexpected HF key {k}"
-            v = v.t() if k.endswith(conv1d) else v
-            assert v.shape == ours[k].shape, f"{k}: HF {tuple(v.shape)} vs ours {tuple(ours[k].shape)}"
-            with torch.no_grad():
-                ours[k].copy_(v)
-        return model
-
-    @classmethod
-    def from_pretrained(cls, model_type, **overrides):
-        # 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl' from the HF hub (needs network once).
-        from transformers import GPT2LMHeadModel
-        return cls.from_hf(GPT2LMHeadModel.from_pretrained(model_type), **overrides)
 
 
 def config_from(d):

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, fields, replace
 import torch
 
 from configurator import configure
-from model import GPT, GPTConfig, config_from
+from model import GPT, LOSS_CHUNK, GPTConfig, config_from
 
 GiB = 2**30
 
@@ -216,10 +216,11 @@ def estimate(model_config, strategy, micro_batch, world_size, dtype='bfloat16', 
     # per-block checkpointing keeps each block's input, and one block is recomputed at a time
     blocks = L * s * b * h * resid + layer if f['ac'] else L * layer
     head = s * b * h * (resid + cb)  # ln_f's input, and its output saved for lm_head
-    # Logits (b·s·V): at backward's start, cross-entropy's fp32 log-softmax output (saved), its
-    # gradient and the gradient of its input: 12 bytes. (train.py drops the logits that forward
-    # returns before backward; a caller that keeps them adds b·s·V in the compute dtype.)
-    logits = b * s * V * 12
+    # The loss (model.LMHeadLoss) never holds the micro-batch's logits: one chunk of rows·V at a time
+    # (compute dtype, float32, gradient in the compute dtype), and from forward to backward the
+    # gradients of ln_f's output and of the head's weight (float32 V·h, and its scaled copy).
+    # (A whole chunk even when the micro-batch is smaller, so that totals stay affine in b.)
+    logits = LOSS_CHUNK.get(device, 1024) * V * (4 + 2 * cb) + s * b * h * resid + 8 * V * h
     activations = blocks + head + logits
     if not f['shard']:
         # autocast's 16-bit copies of the weights, saved for backward (only the live block's under AC)

@@ -15,6 +15,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from ckpt import checkpoints
+import hf
 from configurator import configure, die, is_knob
 from model import GPT, config_from
 
@@ -60,30 +61,6 @@ def load_checkpoint(ckpt):
     return model
 
 
-def save_hf(model, path):
-    # HF's GPT-2 always has biases: a bias=False model exports zeros, which is the same network.
-    # HF's Conv1D keeps weights as (in, out), nn.Linear as (out, in): transpose those four.
-    from transformers import GPT2Config, GPT2LMHeadModel
-    c = model.config
-    eot = 50256 if c.vocab_size > 50256 else None  # GPT-2's <|endoftext|>, if this vocab has it
-    hf = GPT2LMHeadModel(GPT2Config(
-        vocab_size=c.vocab_size, n_positions=c.block_size, n_embd=c.n_embd, n_layer=c.n_layer,
-        n_head=c.n_head, activation_function='gelu_new', layer_norm_epsilon=1e-5,
-        resid_pdrop=c.dropout, embd_pdrop=c.dropout, attn_pdrop=c.dropout, tie_word_embeddings=True,
-        bos_token_id=eot, eos_token_id=eot))
-    ours = model.state_dict()
-    conv1d = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')
-    sd = {}
-    for k, v in hf.state_dict().items():
-        if k in ours:
-            sd[k] = ours[k].t() if k.endswith(conv1d) else ours[k]
-        else:
-            assert k.endswith('bias') and not c.bias, f"no weights for HF's {k}"
-            sd[k] = torch.zeros_like(v)
-    hf.load_state_dict(sd)
-    hf.save_pretrained(path)  # config.json + model.safetensors
-
-
 # the prompt's file first: a typo should not wait for a big model to load
 if start.startswith('FILE:') and not export_hf:
     try:
@@ -95,7 +72,7 @@ if start.startswith('FILE:') and not export_hf:
 if init_from in ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl') or os.path.isfile(os.path.join(init_from, 'config.json')):
     # OpenAI's GPT-2 from the HF hub (or its cache), or a transformers directory like --export_hf's
     try:
-        model = GPT.from_pretrained(init_from)
+        model = hf.from_pretrained(init_from)
     except Exception as e:  # offline with nothing cached, a broken directory, ...
         die(f"cannot load '{init_from}' with transformers ({type(e).__name__}: {str(e).splitlines()[0]})")
 else:
@@ -108,7 +85,7 @@ else:
 model.eval().to(device)
 
 if export_hf:
-    save_hf(model, export_hf)
+    hf.save_hf(model, export_hf)
     print(f"wrote {export_hf} (config.json, model.safetensors)")
     raise SystemExit
 

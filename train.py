@@ -24,16 +24,15 @@ from contextlib import nullcontext
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 
 import plan as planner
+import ckpt
+import hf
 from ckpt import checkpoints
 from configurator import configure, die, is_knob
-from model import GPT, config_from
+from model import GPT, LMHeadLoss, chunk_loss, config_from
 
 # -----------------------------------------------------------------------------
 # I/O
@@ -73,8 +72,8 @@ min_lr = 6e-5
 # system
 seed = 1337
 device = 'auto'            # 'auto' (cuda if available), 'cpu', 'cuda'
-dtype = 'auto'             # 'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'
-compile = False            # torch.compile each block
+dtype = 'auto'             # 'auto' (bfloat16 where the device has it natively, else float32), 'float32', 'bfloat16', 'float16'
+compile = True             # torch.compile each block and the loss (on CPU: needs a C++ compiler)
 plan = 'auto'              # auto|ddp|ddp+ac|fsdp|fsdp+ac|fsdp+offload|fsdp+ac+offload
 micro_batch_size = 0       # sequences per forward on each rank; 0 = the planner's choice
 memory_fraction = 0.9      # of each device's memory the planner may use
@@ -143,8 +142,13 @@ if world_size > 1:
 else:
     dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
 master = rank == 0
-if dtype == 'auto':
-    dtype = 'bfloat16' if device_type == 'cuda' and torch.cuda.is_bf16_supported() else 'float32'
+dtype_why = 'set'
+if dtype == 'auto':  # bfloat16 where the hardware computes it (CUDA; a CPU with AVX512-BF16 or AMX), else float32
+    native = torch.cuda.is_bf16_supported() if device_type == 'cuda' else any(
+        getattr(torch.cpu, f, bool)() for f in ('_is_avx512_bf16_supported', '_is_amx_tile_supported'))
+    dtype, dtype_why = ('bfloat16', 'auto: native bfloat16') if native else ('float32', 'auto: no native bfloat16')
+if compile and device_type == 'cpu' and not (shutil.which('g++') or shutil.which('c++')):
+    compile = False  # inductor writes C++ for the CPU: without a compiler, run eager and say so below
 ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
 if device_type == 'cuda':
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
@@ -189,59 +193,13 @@ def get_batch(split, offsets):
 
 
 # -----------------------------------------------------------------------------
-# checkpoints: out_dir/ckpt_<iter>/ written by torch.distributed.checkpoint (every rank its shard;
-# loads under any strategy and world size), made visible by renaming from .tmp when complete
-# (ckpt.py lists them and makes reading them safe).
-def save_checkpoint(step):
-    final = os.path.join(out_dir, f'ckpt_{step:08d}')
-    tmp = final + '.tmp'
-    if master:
-        shutil.rmtree(tmp, ignore_errors=True)
-    dist.barrier()
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    try:
-        dcp.save({'model': model_sd, 'optim': optim_sd}, checkpoint_id=tmp)
-        if master:
-            with open(os.path.join(tmp, 'hetgpt.json'), 'w') as f:
-                json.dump({'iter': step, 'model_args': vars(model_args), 'config': config}, f, indent=1)
-                f.flush()
-                os.fsync(f.fileno())
-    except (Exception, CheckpointException) as e:  # a full disk, a quota: the last complete one is still there
-        last = checkpoints(out_dir)
-        die(f"could not write checkpoint {tmp} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-            f"{'the last complete one, ' + last[-1] + ', is intact' if last else 'no checkpoint was lost'}: "
-            f"free space, then init_from=resume")
-    if master:
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        for old in checkpoints(out_dir)[:-keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
-    dist.barrier()
-
-
-def load_checkpoint(path):
-    try:
-        meta = json.load(open(os.path.join(path, 'hetgpt.json')))
-        if meta['model_args'] != vars(model_args):
-            diff = [f"{k}={meta['model_args'].get(k)} here {v}" for k, v in vars(model_args).items() if meta['model_args'].get(k) != v]
-            die(f"{path} holds another model ({', '.join(diff)}); use its config, another out_dir, or init_from=scratch")
-        model_sd, optim_sd = get_state_dict(model, optimizer)
-        dcp.load({'model': model_sd, 'optim': optim_sd}, checkpoint_id=path)
-    except (Exception, CheckpointException) as e:  # (DCP's exception is a BaseException; die's is neither)
-        die(f"checkpoint {path} is damaged ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); "
-            f"move it away to resume from the one before, or use init_from=scratch")
-    set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
-    return meta['iter']
-
-
-# -----------------------------------------------------------------------------
 # model and plan
 found = checkpoints(out_dir)
 if init_from == 'resume' and not found:
     die(f"init_from=resume but {out_dir} has no checkpoint; train first or use init_from=auto")
 resume_from = found[-1] if found and init_from in ('resume', 'auto') else None
 if init_from.startswith('gpt2'):
-    raw_model = GPT.from_pretrained(init_from, dropout=dropout)
+    raw_model = hf.from_pretrained(init_from, dropout=dropout)
     model_args = raw_model.config
 else:
     model_args = config_from(config)
@@ -279,6 +237,7 @@ if ac:
 if compile:
     for block in raw_model.transformer.h:
         block.compile()
+    LMHeadLoss.kernel = torch.compile(chunk_loss)  # the loss's elementwise work, fused per chunk
 autocast = nullcontext()
 if run_plan.shard:
     from torch.distributed.device_mesh import init_device_mesh
@@ -407,7 +366,7 @@ dist.all_gather_object(measured, {'total': peak_mem})
 log(run_plan.table(measured))
 iter_num = 0
 if resume_from:
-    iter_num = load_checkpoint(resume_from)
+    iter_num = ckpt.load(resume_from, model, optimizer, model_args)
     log(f"resumed from {resume_from} at iter {iter_num}")
 metrics_path = os.path.join(out_dir, 'metrics.jsonl')
 if master:  # drop checkpoints a killed run left half-written, and metrics past the one we resume
@@ -464,7 +423,8 @@ def record(row):
             wandb_run.log(row, step=row['iter'])
 
 
-log(f"{raw_model.num_params(False):,} parameters; {world_size} rank(s) on {device_type}, {dtype}; "
+log(f"{raw_model.num_params(False):,} parameters; {world_size} rank(s) on {device_type}, {dtype} ({dtype_why}), "
+    f"{'compiled' if compile else 'eager' if config['compile'] is False else 'eager: no C++ compiler for torch.compile'}; "
     f"{tokens_per_step:,} tokens per step; shares {shares}")
 
 
@@ -554,7 +514,7 @@ while iter_num < max_iters:
     stop = torch.tensor(len(stop_signals))
     dist.all_reduce(stop, group=control)  # a signal may reach the ranks at different steps
     if iter_num % checkpoint_interval == 0 or iter_num == max_iters or stop:
-        save_checkpoint(iter_num)
+        ckpt.save(out_dir, iter_num, model, optimizer, {'model_args': vars(model_args), 'config': config}, keep_last)
     if stop:
         log(f"iter {iter_num}: stopped by a signal; checkpoint saved, init_from=resume continues")
         break

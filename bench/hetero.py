@@ -59,7 +59,7 @@ if args.warmup >= args.steps - args.log_interval:
     p.error(f"--warmup={args.warmup} leaves no log rows in --steps={args.steps}")
 
 MODEL = ['--bias=False', '--n_layer=4', '--n_head=4', '--n_embd=128', '--block_size=128', '--vocab_size=256',
-         '--device=cpu', '--dtype=float32', '--dropout=0.0', '--dataset=synth', f'--batch_size={args.batch_size}',
+         '--device=cpu', '--dtype=float32', '--compile=False', '--dropout=0.0', '--dataset=synth', f'--batch_size={args.batch_size}',
          '--eval_iters=2', '--eval_interval=100000', '--checkpoint_interval=100000', '--keep_last=1',
          '--warmup_iters=10', '--lr_decay_iters=1000', f'--log_interval={args.log_interval}']
 DIST_VARS = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT',

@@ -7,6 +7,8 @@ import math
 import pytest
 import torch
 
+from hf import from_hf
+import model as model_module
 from model import GPT, GPTConfig
 
 
@@ -69,7 +71,7 @@ def test_from_hf_logits_equal():
     torch.manual_seed(0)
     hf = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=64, vocab_size=101,
                                     bos_token_id=None, eos_token_id=None)).eval()
-    ours = GPT.from_hf(hf).eval()
+    ours = from_hf(hf).eval()
     assert ours.lm_head.weight is ours.transformer.wte.weight
     idx = torch.randint(0, 101, (2, 64))
     with torch.no_grad():
@@ -138,3 +140,61 @@ def test_tied_embeddings():
     other.load_state_dict(model.state_dict())
     assert other.lm_head.weight is other.transformer.wte.weight
     assert torch.equal(other.transformer.wte.weight, model.transformer.wte.weight)
+
+
+def reference_loss(x, weight, targets, reduction='sum'):
+    # The textbook loss: the whole micro-batch's logits, in float32, through F.cross_entropy.
+    logits = (x @ weight.t()).float()
+    return torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1),
+                                             ignore_index=-1, reduction=reduction)
+
+
+@pytest.mark.parametrize('rows', [7, 64, 1000])  # chunks that do not divide the 3 × 50 tokens, and one chunk
+def test_chunked_loss_and_gradients_equal_full_logits(monkeypatch, rows):
+    monkeypatch.setitem(model_module.LOSS_CHUNK, 'cpu', rows)
+    torch.manual_seed(0)
+    x0, w0 = torch.randn(3, 50, 16), torch.randn(97, 16)
+    targets = torch.randint(0, 97, (3, 50))
+    targets[1, ::3] = -1  # ignored positions add neither loss nor gradient
+    results = []
+    for fn in (reference_loss, lambda x, w, t: model_module.LMHeadLoss.apply(x, w, t, True)):
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        loss = fn(x, w, targets)
+        (2.5 * loss).backward()  # the upstream gradient scales both gradients
+        results.append((loss.detach(), x.grad, w.grad))
+    (ref_loss, ref_gx, ref_gw), (loss, gx, gw) = results
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=1e-4)
+    for a, b in ((gx, ref_gx), (gw, ref_gw)):  # float32 sums in another order: relative error of the whole
+        assert (a - b).norm() / b.norm() < 1e-6
+    assert gx[1, ::3].abs().max() == 0
+
+
+def test_model_loss_mean_and_sum_match_reference():
+    model = tiny()
+    idx = torch.randint(0, 97, (2, 16))
+    targets = idx.clone()
+    targets[0, :5] = -1
+    with torch.no_grad():
+        x = model.transformer.ln_f(model.transformer.h[1](model.transformer.h[0](
+            model.transformer.wte(idx) + model.transformer.wpe(torch.arange(16)))))
+        for reduction in ('mean', 'sum'):
+            ours = model(idx, targets=targets, reduction=reduction)[1]
+            torch.testing.assert_close(ours, reference_loss(x, model.lm_head.weight, targets, reduction))
+
+
+def test_chunked_loss_under_bf16_autocast_is_close_and_keeps_float32_gradients():
+    torch.manual_seed(0)
+    x0, w0 = torch.randn(2, 40, 32), torch.randn(300, 32) * 0.5
+    targets = torch.randint(0, 300, (2, 40))
+    out = []
+    for fn in (reference_loss, lambda x, w, t: model_module.LMHeadLoss.apply(x, w, t, True)):
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            loss = fn(x, w, targets)
+        loss.backward()
+        out.append((loss.detach(), x.grad, w.grad))
+    (ref_loss, ref_gx, ref_gw), (loss, gx, gw) = out
+    assert gx.dtype == gw.dtype == torch.float32
+    assert abs(loss - ref_loss) / ref_loss < 1e-3
+    for a, b in ((gx, ref_gx), (gw, ref_gw)):
+        assert (a - b).norm() / b.norm() < 2e-2  # bfloat16 matmuls on both sides, rounded differently

@@ -10,11 +10,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from model import GPT, config_from  # noqa: E402
 
-# A model small enough that a test step takes milliseconds; float32 on CPU, no dropout. No biases:
+# A model small enough that a test step takes milliseconds; float32 and eager on CPU, no dropout. No biases:
 # the key bias of attention has an exactly zero gradient (softmax ignores a shift), so AdamW turns
 # its rounding noise into full-size updates that differ between any two summation orders.
 TINY = ['--bias=False', '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32', '--vocab_size=256', '--device=cpu',
-        '--dtype=float32', '--dropout=0.0', '--eval_iters=2', '--log_interval=1', '--warmup_iters=2',
+        '--dtype=float32', '--compile=False', '--dropout=0.0', '--eval_iters=2', '--log_interval=1', '--warmup_iters=2',
         '--learning_rate=3e-3', '--min_lr=3e-4', '--lr_decay_iters=20', '--dataset=synth']
 
 

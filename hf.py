@@ -1,0 +1,58 @@
+"""
+To and from transformers' GPT-2 (GPT2LMHeadModel): our module names are nanoGPT's, which are HF's,
+so the weights map one to one; HF's Conv1D keeps four of them as (in, out) where nn.Linear has
+(out, in). Used by train.py (init_from=gpt2*), sample.py (loading, --export_hf) and the tests.
+"""
+import torch
+
+from model import GPT, GPTConfig
+
+CONV1D = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')
+
+
+def from_hf(hf_model, **overrides):
+    # A GPT from a loaded GPT2LMHeadModel (from the hub, a local directory, or made in a test).
+    hc = hf_model.config
+    config = GPTConfig(block_size=hc.n_positions, vocab_size=hc.vocab_size, n_layer=hc.n_layer,
+                       n_head=hc.n_head, n_embd=hc.n_embd, bias=True, dropout=0.0)
+    for k, v in overrides.items():
+        setattr(config, k, v)
+    model = GPT(config)
+    ours = model.state_dict()
+    for k, v in hf_model.state_dict().items():
+        if k.endswith(('.attn.bias', '.attn.masked_bias')):  # causal-mask buffers of old HF
+            continue
+        assert k in ours, f"unexpected HF key {k}"
+        v = v.t() if k.endswith(CONV1D) else v
+        assert v.shape == ours[k].shape, f"{k}: HF {tuple(v.shape)} vs ours {tuple(ours[k].shape)}"
+        with torch.no_grad():
+            ours[k].copy_(v)
+    return model
+
+
+def from_pretrained(name, **overrides):
+    # 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl' from the HF hub (needs network once), or a directory.
+    from transformers import GPT2LMHeadModel
+    return from_hf(GPT2LMHeadModel.from_pretrained(name), **overrides)
+
+
+def save_hf(model, path):
+    # Writes path/config.json + model.safetensors. HF's GPT-2 always has biases: a bias=False model
+    # exports zeros, which is the same network.
+    from transformers import GPT2Config, GPT2LMHeadModel
+    c = model.config
+    eot = 50256 if c.vocab_size > 50256 else None  # GPT-2's <|endoftext|>, if this vocab has it
+    hf = GPT2LMHeadModel(GPT2Config(
+        vocab_size=c.vocab_size, n_positions=c.block_size, n_embd=c.n_embd, n_layer=c.n_layer,
+        n_head=c.n_head, activation_function='gelu_new', layer_norm_epsilon=1e-5,
+        resid_pdrop=c.dropout, embd_pdrop=c.dropout, attn_pdrop=c.dropout, tie_word_embeddings=True,
+        bos_token_id=eot, eos_token_id=eot))
+    ours, sd = model.state_dict(), {}
+    for k, v in hf.state_dict().items():
+        if k in ours:
+            sd[k] = ours[k].t() if k.endswith(CONV1D) else ours[k]
+        else:
+            assert k.endswith('bias') and not c.bias, f"no weights for HF's {k}"
+            sd[k] = torch.zeros_like(v)
+    hf.load_state_dict(sd)
+    hf.save_pretrained(path)
