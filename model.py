@@ -107,6 +107,9 @@ class LMHeadLoss(torch.autograd.Function):
         loss = torch.zeros((), device=x.device)
         grad_x = torch.empty_like(x) if need_grad else None
         grad_w = torch.zeros(weight.shape, device=x.device) if need_grad else None  # float32 sum
+        ctx.shape, ctx.weight_dtype, dev = shape, weight.dtype, x.device.type
+        if torch.is_autocast_enabled(dev):  # cast once here, not in each of the chunks' matmuls
+            x, weight = x.to(torch.get_autocast_dtype(dev)), weight.to(torch.get_autocast_dtype(dev))
         rows = LOSS_CHUNK.get(x.device.type, 1024)
         for i in range(0, len(targets), rows):
             xc = x[i:i + rows]
@@ -115,7 +118,6 @@ class LMHeadLoss(torch.autograd.Function):
             if need_grad:
                 grad_x[i:i + rows] = grad @ weight
                 grad_w += grad.t() @ xc
-        ctx.shape, ctx.weight_dtype = shape, weight.dtype
         ctx.save_for_backward(grad_x, grad_w)
         return loss
 

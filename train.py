@@ -65,7 +65,7 @@ beta1 = 0.9
 beta2 = 0.95
 adam_eps = 1e-8
 grad_clip = 1.0            # 0 disables clipping
-max_bad_steps = 5          # stop after this many steps in a row with non-finite loss or gradients
+max_bad_steps = 5          # stop (at the next log line) after this many steps in a row with non-finite loss or gradients
 warmup_iters = 100
 lr_decay_iters = 5000
 min_lr = 6e-5
@@ -436,7 +436,7 @@ def validate():
 
 if iter_num == 0:
     validate()
-bad_steps = 0
+bad_run = worst_run = skipped = torch.zeros((), device=device)
 stop_signals = []  # SIGTERM (preemption) or SIGUSR1 (Slurm's warning): checkpoint at the end of the step
 for sig in (signal.SIGTERM, signal.SIGUSR1):
     signal.signal(sig, lambda signum, frame: stop_signals.append(signum))
@@ -461,16 +461,14 @@ while iter_num < max_iters:
     scaler.unscale_(optimizer)
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float('inf'))
     norm = norm.full_tensor() if hasattr(norm, 'full_tensor') else norm  # FSDP: a DTensor
-    if torch.isfinite(norm):  # (one scalar to the host per step: the update depends on it)
+    bad = ~torch.isfinite(norm)  # a non-finite loss or gradient: skip the update (the batch is not seen again)
+    if optimizer.defaults.get('fused'):  # the kernel skips it itself: the host does not wait for the device
+        optimizer.found_inf = bad.float()
         scaler.step(optimizer)
-        bad_steps = 0
-    else:  # skip this update; this step's batch is not seen again
-        bad_steps += 1
-        log(f"iter {iter_num}: loss or gradients not finite, update skipped ({bad_steps} in a row)")
-        if bad_steps >= max_bad_steps:
-            die(f"{bad_steps} steps in a row with non-finite loss or gradients, the last at iter {iter_num}; the last "
-                f"good checkpoint is {(checkpoints(out_dir) or ['none yet'])[-1]}: lower learning_rate or check the data, "
-                f"then init_from=resume")
+    elif not bad:  # (the foreach fallback: one scalar to the host per step)
+        scaler.step(optimizer)
+    bad_run = (bad_run + 1) * bad  # on the device: steps in a row with a skipped update, the most of
+    worst_run, skipped = torch.maximum(worst_run, bad_run), skipped + bad  # them and their count since the log
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
     iter_num += 1
@@ -489,6 +487,12 @@ while iter_num < max_iters:
             shares = new
 
     if iter_num % log_interval == 0 or iter_num == max_iters:
+        if skipped.item():  # (the same on every rank: the norm is global)
+            log(f"iter {iter_num}: {int(skipped)} of the last {steps_since} updates skipped: loss or gradients not finite")
+        if worst_run.item() >= max_bad_steps:
+            die(f"{int(worst_run)} steps in a row with non-finite loss or gradients, by iter {iter_num - 1}; the last "
+                f"good checkpoint is {(checkpoints(out_dir) or ['none yet'])[-1]}: lower learning_rate or check the data, "
+                f"then init_from=resume")
         dist.all_reduce(loss_acc)  # the whole global batch's loss, not rank 0's share
         loss_val = loss_acc.item() / (steps_since * tokens_per_step)
         dt = (time.perf_counter() - t_log) / steps_since
@@ -508,6 +512,7 @@ while iter_num < max_iters:
                 f", mfu {flops_per_token * n * block_size / w / p:.0%}" if p else '')
                 for r, (n, (c, w, p)) in enumerate(zip(shares, stats))))
         t_log, steps_since, loss_acc = time.perf_counter(), 0, torch.zeros((), device=device)
+        worst_run, skipped = bad_run.clone(), torch.zeros((), device=device)
     t_pause = time.perf_counter()  # evaluation and checkpoints are not step time
     if iter_num % eval_interval == 0 or iter_num == max_iters:
         validate()

@@ -98,12 +98,12 @@ def test_torchrun_restarts_after_a_rank_dies_and_training_resumes_by_itself(work
 
 def test_non_finite_gradients_skip_the_update_then_stop_after_k(work):
     p = run_train(work, *RUN, '--out_dir=nan_once', faults=True, env={'HETGPT_TEST_NAN_STEPS': '5'})
-    assert 'iter 5: loss or gradients not finite, update skipped (1 in a row)' in p.stdout
+    assert 'iter 6: 1 of the last 1 updates skipped: loss or gradients not finite' in p.stdout
     assert all(torch.isfinite(v).all() for v in load_params(latest_checkpoint(work / 'nan_once')).values())
     p = run_train(work, *RUN, '--out_dir=nan_many', '--max_bad_steps=3', check=False, faults=True,
                   env={'HETGPT_TEST_NAN_STEPS': '5,6,7,8,9,10,11'})
     assert p.returncode != 0
-    assert p.stderr.strip().splitlines() == [p.stderr.strip()] and 'at iter 7' in p.stderr
+    assert p.stderr.strip().splitlines() == [p.stderr.strip()] and 'by iter 7' in p.stderr
     # Skipped updates leave the weights good: the checkpoint after them is the last good one, named.
     assert 'ckpt_00000006' in p.stderr and latest_checkpoint(work / 'nan_many').endswith('ckpt_00000006')
     assert all(torch.isfinite(v).all() for v in load_params(latest_checkpoint(work / 'nan_many')).values())
