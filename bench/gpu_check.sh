@@ -23,7 +23,7 @@ run configs/gpt_1p3b.py --compile=True --batch_size=16 --steps=8 --warmup=4
 
 echo; echo "## 2. predicted against measured peak memory (plan=ddp, no compile)"
 for mb in 2 4 8; do
-    run configs/gpt_1p3b.py --plan=ddp --micro_batch_size=$mb --batch_size=$mb --steps=2 --warmup=1
+    run configs/gpt_1p3b.py --plan=ddp --compile=False --micro_batch_size=$mb --batch_size=$mb --steps=2 --warmup=1
 done
 
 echo; echo "## 3. the largest config one GPU trains through the planner"

@@ -67,5 +67,13 @@ if record:
             else f"CPU ({os.cpu_count()} cores)"
     except Exception:
         device = 'unknown'
-    with open(os.path.join(ROOT, 'bench', 'RESULTS.md'), 'a') as f:
-        f.write(f"| {datetime.date.today()} | {platform.node()} | {device} | `{command}` | {tps:,.0f} | {mfu} | {mem:.2f} |\n")
+    # into the table under RESULTS.md's '## Recorded by bench/throughput.py' (made at the end if missing)
+    path, header = os.path.join(ROOT, 'bench', 'RESULTS.md'), '| date | machine | device | command | tokens/s | MFU | peak GiB |'
+    lines = open(path).read().splitlines()
+    if header not in lines:
+        lines += ['', '## Recorded by bench/throughput.py', '', header, '|---|---|---|---|---|---|---|']
+    end = lines.index(header) + 2
+    while end < len(lines) and lines[end].startswith('|'):
+        end += 1
+    lines.insert(end, f"| {datetime.date.today()} | {platform.node()} | {device} | `{command}` | {tps:,.0f} | {mfu} | {mem:.2f} |")
+    open(path, 'w').write('\n'.join(lines) + '\n')

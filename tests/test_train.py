@@ -2,6 +2,7 @@
 import os
 
 import pytest
+import torch
 
 from trainer import TINY, latest_checkpoint, load_params, make_dataset, max_rel_diff, metrics, run_train, train_losses
 
@@ -147,3 +148,21 @@ def test_damaged_checkpoint_is_named_and_kept(work, damage):
 def test_more_ranks_than_sequences_is_refused(work):
     p = run_train(work, *TINY, '--batch_size=1', '--max_iters=1', nproc=2, check=False)
     assert p.returncode != 0 and 'cannot feed 2 ranks' in p.stderr
+
+
+def test_compiled_training_matches_eager_and_the_log_says_how_it_ran(work):
+    # compile=True is the default (TINY turns it off for speed): the compiled blocks and loss kernel
+    # must train the same model. float32 here, so the only difference is the order of float sums.
+    common = TINY + ['--batch_size=4', '--max_iters=3', '--eval_interval=100']
+    run_train(work, *common, '--out_dir=eager')
+    p = run_train(work, *common, '--out_dir=compiled', '--compile=True', timeout=900)
+    assert 'float32 (set), compiled;' in p.stdout
+    eager, compiled = train_losses(work / 'eager'), train_losses(work / 'compiled')
+    assert sorted(eager) == sorted(compiled) == [1, 2, 3]
+    assert all(abs(eager[it] - compiled[it]) <= 1e-5 * eager[it] for it in eager), (eager, compiled)
+    a, b = load_params(latest_checkpoint(work / 'eager')), load_params(latest_checkpoint(work / 'compiled'))
+    assert max_rel_diff(b, a) < 1e-4
+    # dtype=auto: bfloat16 when this CPU has it natively, float32 otherwise, and the log says which
+    p = run_train(work, *TINY, '--batch_size=2', '--max_iters=1', '--dtype=auto', '--out_dir=auto')
+    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    assert ('bfloat16 (auto: native bfloat16)' if native else 'float32 (auto: no native bfloat16)') in p.stdout
