@@ -95,7 +95,7 @@ def chunk_loss(raw, targets):
 
 
 class LMHeadLoss(torch.autograd.Function):
-    # Sum of the token cross-entropies of the logits x @ weight.T, LOSS_CHUNK tokens at a time. The
+    # Sum of the token cross-entropies of the logits x @ weight.T, a chunk of tokens at a time. The
     # logits of the whole micro-batch (tokens × vocab, which float32 copies, log-softmax and gradient
     # would each hold again) never exist: each chunk's logits become at once that chunk's share of the
     # gradients of x and weight, which backward returns scaled.
@@ -110,14 +110,18 @@ class LMHeadLoss(torch.autograd.Function):
         ctx.shape, ctx.weight_dtype, dev = shape, weight.dtype, x.device.type
         if torch.is_autocast_enabled(dev):  # cast once here, not in each of the chunks' matmuls
             x, weight = x.to(torch.get_autocast_dtype(dev)), weight.to(torch.get_autocast_dtype(dev))
-        rows = LOSS_CHUNK.get(x.device.type, 1024)
-        for i in range(0, len(targets), rows):
-            xc = x[i:i + rows]
-            chunk_sum, grad = LMHeadLoss.kernel(xc @ weight.t(), targets[i:i + rows])
-            loss += chunk_sum
+        rows, group = LOSS_CHUNK.get(dev, (1024, 1024))
+        assert group % rows == 0, f"LOSS_CHUNK[{dev!r}]: the group ({group}) must be whole chunks of {rows}"
+        for g in range(0, len(targets), group):  # the weight's gradient: one matmul per group of chunks
+            grads = []
+            for i in range(g, min(g + group, len(targets)), rows):
+                chunk_sum, grad = LMHeadLoss.kernel(x[i:i + rows] @ weight.t(), targets[i:i + rows])
+                loss += chunk_sum
+                if need_grad:
+                    grad_x[i:i + rows] = grad @ weight
+                    grads.append(grad)
             if need_grad:
-                grad_x[i:i + rows] = grad @ weight
-                grad_w += grad.t() @ xc
+                grad_w += torch.cat(grads).t() @ x[g:g + group]
         ctx.save_for_backward(grad_x, grad_w)
         return loss
 
@@ -127,9 +131,10 @@ class LMHeadLoss(torch.autograd.Function):
         return (grad_x * grad_loss).view(ctx.shape), (grad_w * grad_loss).to(ctx.weight_dtype), None, None
 
 
-# Tokens per chunk, by device type. On a CPU 128 × 50304 float32 logits (26 MB) stay in the last-level
-# cache: 128 ran faster than 1024 here (bench/RESULTS.md). A GPU wants larger matmuls (not yet measured).
-LOSS_CHUNK = {'cpu': 128, 'cuda': 4096}
+# (tokens per chunk, tokens per group of chunks), by device type. On a CPU a chunk of 128 × 50304
+# logits stays in the last-level cache, and a float32 sum into the weight's gradient per 1024 tokens
+# rather than per 128 made the loss 1.5× faster at width 768 (bench/RESULTS.md). GPU: not yet measured.
+LOSS_CHUNK = {'cpu': (128, 1024), 'cuda': (4096, 4096)}
 
 
 class GPT(nn.Module):

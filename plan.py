@@ -216,11 +216,13 @@ def estimate(model_config, strategy, micro_batch, world_size, dtype='bfloat16', 
     # per-block checkpointing keeps each block's input, and one block is recomputed at a time
     blocks = L * s * b * h * resid + layer if f['ac'] else L * layer
     head = s * b * h * (resid + cb)  # ln_f's input, and its output saved for lm_head
-    # The loss (model.LMHeadLoss) never holds the micro-batch's logits: one chunk of rows·V at a time
-    # (compute dtype, float32, gradient in the compute dtype), and from forward to backward the
-    # gradients of ln_f's output and of the head's weight (float32 V·h, and its scaled copy).
-    # (A whole chunk even when the micro-batch is smaller, so that totals stay affine in b.)
-    logits = LOSS_CHUNK.get(device, 1024) * V * (4 + 2 * cb) + s * b * h * resid + 8 * V * h
+    # The loss (model.LMHeadLoss) never holds the micro-batch's logits: one chunk of them at a time
+    # (compute dtype and float32), the gradients of a group of chunks (compute dtype, and their
+    # concatenation), and from forward to backward the gradients of ln_f's output and of the head's
+    # weight (float32 V·h, and its scaled copy). (Whole chunks and groups even when the micro-batch is
+    # smaller, so that totals stay affine in b.)
+    rows, group = LOSS_CHUNK.get(device, (1024, 1024))
+    logits = rows * V * (4 + cb) + 2 * group * V * cb + s * b * h * resid + 8 * V * h
     activations = blocks + head + logits
     if not f['shard']:
         # autocast's 16-bit copies of the weights, saved for backward (only the live block's under AC)

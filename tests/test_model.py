@@ -149,9 +149,10 @@ def reference_loss(x, weight, targets, reduction='sum'):
                                              ignore_index=-1, reduction=reduction)
 
 
-@pytest.mark.parametrize('rows', [7, 64, 1000])  # chunks that do not divide the 3 × 50 tokens, and one chunk
-def test_chunked_loss_and_gradients_equal_full_logits(monkeypatch, rows):
-    monkeypatch.setitem(model_module.LOSS_CHUNK, 'cpu', rows)
+# chunks and groups that do not divide the 3 × 50 tokens, one group of several chunks, one chunk
+@pytest.mark.parametrize('rows,group', [(7, 7), (7, 28), (16, 64), (64, 1024), (1000, 1000)])
+def test_chunked_loss_and_gradients_equal_full_logits(monkeypatch, rows, group):
+    monkeypatch.setitem(model_module.LOSS_CHUNK, 'cpu', (rows, group))
     torch.manual_seed(0)
     x0, w0 = torch.randn(3, 50, 16), torch.randn(97, 16)
     targets = torch.randint(0, 97, (3, 50))
