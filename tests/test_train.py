@@ -1,5 +1,6 @@
 """train.py end to end on CPU: exact gradients across ranks, exact resume, falling loss, bad input."""
 import os
+import shutil
 
 import pytest
 import torch
@@ -156,7 +157,8 @@ def test_compiled_training_matches_eager_and_the_log_says_how_it_ran(work):
     common = TINY + ['--batch_size=4', '--max_iters=3', '--eval_interval=100']
     run_train(work, *common, '--out_dir=eager')
     p = run_train(work, *common, '--out_dir=compiled', '--compile=True', timeout=900)
-    assert 'float32 (set), compiled;' in p.stdout
+    compiler = shutil.which('g++') or shutil.which('c++')  # without one, train.py runs eager and says so
+    assert ('float32 (set), compiled;' if compiler else 'eager: no C++ compiler') in p.stdout
     eager, compiled = train_losses(work / 'eager'), train_losses(work / 'compiled')
     assert sorted(eager) == sorted(compiled) == [1, 2, 3]
     assert all(abs(eager[it] - compiled[it]) <= 1e-5 * eager[it] for it in eager), (eager, compiled)
