@@ -349,6 +349,12 @@ def weighted_split(batch, weights):
     return split_batch(batch, [0.0] * len(weights), [1 / w for w in weights], [batch] * len(weights))
 
 
+# The default process group's backend, by the device type train.py runs on. Under CUDA one group has
+# a backend per device type: NCCL serves only CUDA tensors, and train.py also reduces host tensors
+# (flags, counts, the peak FLOPS; gradients under CPU offload), which go through gloo.
+BACKENDS = {'cuda': 'cpu:gloo,cuda:nccl', 'cpu': 'gloo'}
+
+
 def this_rank(device_type, rank, local_world):
     # What this rank has, for make_plan: its device and free memory, and its node's host memory.
     host = host_memory_available()
@@ -518,8 +524,6 @@ def _evaluate_one(cfg, batch, ranks, strategy, mbs, dtype, inter_node_bw, accumu
         pcie = min(_dev(r)['host'] for r in ranks) * 1e9 * PCIE_EFFICIENCY
         gather = ring * gathers * cb * n['total'] / bw + (gathers * 4 * mine / pcie if f['offload'] else 0)
         reduce = ring * 4 * n['total'] / bw + (4 * mine / pcie if f['offload'] else 0)
-        if R == 1:
-            gather = reduce = 0.0
         # The same count K of micro-batches on every rank; each waits for the slowest rank's
         # piece, and prefetching overlaps the collectives with compute. Try K from the fewest up
         # while the caps still bind the split.

@@ -42,7 +42,7 @@ dataset = 'pydocs'         # data/<dataset>/{train,val}.bin from data/prepare.py
 eval_interval = 500        # evaluate every this many steps (and at the end)
 eval_iters = 20            # the validation loss is over eval_iters × 8 fixed sequences
 log_interval = 10
-checkpoint_interval = 1000  # and at the end
+checkpoint_interval = 1000  # and at the end; 0: none (benchmarks), but on SIGTERM/SIGUSR1
 keep_last = 2              # complete checkpoints kept in out_dir
 wandb_log = False          # offline unless WANDB_API_KEY is set; never blocks training
 wandb_project = 'hetgpt'
@@ -84,7 +84,7 @@ rebalance_interval = 50    # steps between re-measuring the ranks' speed (balanc
 config = configure({k: v for k, v in globals().items() if is_knob(k, v)})
 globals().update(config)
 for k in ('n_layer', 'n_head', 'n_embd', 'block_size', 'vocab_size', 'batch_size', 'max_iters', 'eval_iters',
-          'log_interval', 'eval_interval', 'checkpoint_interval', 'keep_last'):
+          'log_interval', 'eval_interval', 'keep_last'):
     if config[k] <= 0:
         die(f"{k}={config[k]} must be positive")
 if n_embd % n_head:
@@ -93,6 +93,7 @@ if n_embd % n_head:
 for ok, msg in [
         (learning_rate > 0 and 0 <= min_lr <= learning_rate, f"learning_rate={learning_rate}, min_lr={min_lr}: need 0 <= min_lr <= learning_rate, learning_rate > 0"),
         (warmup_iters >= 0 and lr_decay_iters >= 0, "warmup_iters and lr_decay_iters must be >= 0"),
+        (checkpoint_interval >= 0, f"checkpoint_interval={checkpoint_interval}: >= 0 (0: no checkpoints)"),
         (weight_decay >= 0 and grad_clip >= 0, "weight_decay and grad_clip must be >= 0 (grad_clip=0 disables clipping)"),
         (0 <= dropout < 1, f"dropout={dropout} must be in [0, 1)"),
         (0 < memory_fraction <= 1, f"memory_fraction={memory_fraction} must be in (0, 1]"),
@@ -132,7 +133,9 @@ if device.startswith('cuda'):
     device = f'cuda:{local_rank}'
     torch.cuda.set_device(device)
 device_type = 'cuda' if device.startswith('cuda') else 'cpu'
-backend = 'nccl' if device_type == 'cuda' else 'gloo'
+# One default group with a backend per device type: NCCL serves only CUDA tensors, and the host-side
+# flags, counts and (under offload) gradients go through gloo on the same group.
+backend = planner.BACKENDS[device_type]
 if world_size > 1:
     # torchrun's store outlives a restart of the group: without a prefix per attempt the new ranks
     # can read the dead ones' addresses and fail to connect.
@@ -345,6 +348,7 @@ while True:
             group['lr'] = 0.0
         optimizer.step()
         peak_mem = torch.cuda.max_memory_reserved() if device_type == 'cuda' else planner.peak_rss()
+        peak_alloc = torch.cuda.max_memory_allocated() if device_type == 'cuda' else peak_mem
         # over budget counts too, on a GPU (a host's peak RSS is a lifetime mark: halving can't lower it)
         oom = device_type == 'cuda' and peak_mem > memory_fraction * me['mem']
     except torch.cuda.OutOfMemoryError:
@@ -376,6 +380,12 @@ if master:  # drop checkpoints a killed run left half-written, and metrics past 
     rows = [line for line in open(metrics_path)] if os.path.exists(metrics_path) and resume_from else []
     with open(metrics_path, 'w') as f:
         f.writelines(r for r in rows if json.loads(r)['iter'] <= iter_num)
+        # the plan against the probe step, rank 0's (for bench/ and for the record)
+        f.write(json.dumps({'iter': iter_num, 'plan': run_plan.strategy, 'ac': ac, 'micro_batch': caps[0],
+                            'pred_gib': run_plan.predicted[0]['total'] / 2**30,
+                            'pred_host_gib': run_plan.predicted[0]['host_rank'] / 2**30,
+                            'pred_tokens_per_sec': run_plan.tokens_per_sec,
+                            'probe_gib': peak_mem / 2**30, 'probe_alloc_gib': peak_alloc / 2**30}) + '\n')
 shares = planner.weighted_split(batch_size, [1.0] * world_size)  # even
 if balance == 'auto' and world_size > 1:
     speed_c0, speed_c1 = measure_speed()
@@ -389,19 +399,19 @@ def evaluate():
     model.eval()
     offsets = batch_offsets('val', -1, eval_iters * 8)  # the same fixed sequences every time
     mine = np.array_split(offsets, world_size)[rank]
-    count = torch.tensor(math.ceil(len(mine) / caps[rank]) or 1)
+    count = torch.tensor(math.ceil(len(mine) / caps[rank]) or 1)  # host tensor (gloo): read at once
     dist.all_reduce(count, op=dist.ReduceOp.MAX)
     total = torch.zeros((), device=device)
     for piece in np.array_split(mine, int(count)):
         total += forward('val', piece, 1.0)[1].float()
-    dist.all_reduce(total)
+    dist.all_reduce(total)  # on the device (NCCL under CUDA)
     model.train()
     return total.item() / (len(offsets) * block_size)
 
 
 peak = planner.peak_flops(me['gpu'], dtype) if me['gpu'] else None
-peak_sum = torch.tensor(peak or float('nan'), dtype=torch.float64)  # nan when any rank's peak is unknown
-dist.all_reduce(peak_sum)
+peak_sum = torch.tensor(peak or float('nan'), dtype=torch.float64)  # nan when any rank's is unknown
+dist.all_reduce(peak_sum)  # host tensor (gloo)
 flops_per_token = raw_model.flops_per_token(block_size)
 tokens_per_step = batch_size * block_size
 wandb_run = None
@@ -440,7 +450,6 @@ bad_run = worst_run = skipped = torch.zeros((), device=device)
 stop_signals = []  # SIGTERM (preemption) or SIGUSR1 (Slurm's warning): checkpoint at the end of the step
 for sig in (signal.SIGTERM, signal.SIGUSR1):
     signal.signal(sig, lambda signum, frame: stop_signals.append(signum))
-control = dist.new_group(backend='gloo') if backend != 'gloo' else None  # CPU flags without a GPU sync
 busy = torch.zeros(2, dtype=torch.float64)  # smoothed (compute, whole step) seconds of this rank
 t_log, steps_since, loss_acc = time.perf_counter(), 0, torch.zeros((), device=device)
 while iter_num < max_iters:
@@ -498,13 +507,16 @@ while iter_num < max_iters:
         dt = (time.perf_counter() - t_log) / steps_since
         tps = tokens_per_step / dt
         mfu = flops_per_token * tps / peak_sum.item()
-        mem = torch.cuda.max_memory_allocated() / 2**30 if device_type == 'cuda' else planner.peak_rss() / 2**30
+        host = planner.peak_rss() / 2**30
+        mem = torch.cuda.max_memory_allocated() / 2**30 if device_type == 'cuda' else host
+        reserved = torch.cuda.max_memory_reserved() / 2**30 if device_type == 'cuda' else host
         eta = dt * (max_iters - iter_num)
         log(f"iter {iter_num}: loss {loss_val:.4f}, lr {lr:.2e}, {tps:,.0f} tok/s, "
             f"mfu {'n/a' if math.isnan(mfu) else f'{100 * mfu:.1f}%'}, mem {mem:.2f} GiB, "
             f"eta {eta / 3600:.0f}h{eta % 3600 / 60:02.0f}m")
         record({'iter': iter_num, 'tokens': iter_num * tokens_per_step, 'loss': loss_val, 'lr': lr,
-                'tokens_per_sec': tps, 'mfu': None if math.isnan(mfu) else mfu, 'mem_gib': mem})
+                'tokens_per_sec': tps, 'mfu': None if math.isnan(mfu) else mfu, 'mem_gib': mem,
+                'reserved_gib': reserved, 'host_gib': host})
         if world_size > 1 and busy[1] > 0:  # each rank's share, idle fraction and MFU on its own peak
             stats = [None] * world_size
             dist.all_gather_object(stats, (float(busy[0]), float(busy[1]), peak))
@@ -516,9 +528,9 @@ while iter_num < max_iters:
     t_pause = time.perf_counter()  # evaluation and checkpoints are not step time
     if iter_num % eval_interval == 0 or iter_num == max_iters:
         validate()
-    stop = torch.tensor(len(stop_signals))
-    dist.all_reduce(stop, group=control)  # a signal may reach the ranks at different steps
-    if iter_num % checkpoint_interval == 0 or iter_num == max_iters or stop:
+    stop = torch.tensor(len(stop_signals))  # host tensor (gloo): no wait for the GPU
+    dist.all_reduce(stop)  # a signal may reach the ranks at different steps
+    if (checkpoint_interval and (iter_num % checkpoint_interval == 0 or iter_num == max_iters)) or stop:
         ckpt.save(out_dir, iter_num, model, optimizer, {'model_args': vars(model_args), 'config': config}, keep_last)
     if stop:
         log(f"iter {iter_num}: stopped by a signal; checkpoint saved, init_from=resume continues")
