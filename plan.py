@@ -36,28 +36,39 @@ GiB = 2**30
 # accumulate, which training does not use). tf32: tensor-core TF32, what float32 matmuls reach
 # with torch.backends.cuda.matmul.allow_tf32 (train.py sets it); fp32: CUDA cores, no TF32.
 # None: no such unit (Volta/Turing have no bf16 or TF32 tensor cores; bf16 runs at about the
-# fp32 rate). hbm: device memory GB/s (the optimizer step is bound by it). host: PCIe GB/s per
-# direction (Gen3 x16 15.75, Gen4 31.5, Gen5 63). p2p: GPU<->GPU GB/s per direction inside a node
-# (NVLink's quoted total / 2; PCIe where the parts have no NVLink switch).
-def _gpu(mib, bf16, fp16, tf32, fp32, hbm, host, p2p):
-    return dict(mem=mib * 2**20, bf16=bf16, fp16=fp16, tf32=tf32, fp32=fp32, hbm=hbm, host=host, p2p=p2p)
+# fp32 rate). hbm: device memory GB/s (the optimizer step is bound by it). host: GB/s per direction
+# to the host (PCIe Gen3 x16 15.75, Gen4 31.5, Gen5 63; GH200's NVLink-C2C 450). p2p: GPU<->GPU
+# GB/s per direction inside a node (NVLink's quoted total / 2; PCIe where the parts have no NVLink
+# switch).
+# net: line rate GB/s per GPU between nodes in the part's reference system: DGX H100/H200 one
+# 400 Gb/s NIC per GPU (50), DGX A100 one 200 Gb/s per GPU (25), DGX-1 V100 four 100 Gb/s for eight
+# (6.25), GH200 one 200 Gb/s NIC per superchip (CSCS Alps: 25); PCIe cards one 100 Gb/s NIC per node
+# of eight (AWS g5.48xlarge: 100 Gb/s for 8 A10G: 1.5625). --inter_node_gbs overrides it.
+def _gpu(mib, bf16, fp16, tf32, fp32, hbm, host, p2p, net=100 / 8 / 8):
+    return dict(mem=mib * 2**20, bf16=bf16, fp16=fp16, tf32=tf32, fp32=fp32, hbm=hbm, host=host,
+                p2p=p2p, net=net)
 
 
-GPUS = {  # sources: NVIDIA datasheets (H200, H100, A100, V100, A40, L40S, A10, L4, T4, RTX A6000)
-    'H200':           _gpu(143771, 989, 989, 494, 67, 4800, 63, 450),       # 141 GB HBM3e, NVLink 900 GB/s
-    'H100-SXM':       _gpu(81559, 989, 989, 494, 67, 3350, 63, 450),        # 80 GB HBM3, NVLink 900 GB/s
+GPUS = {  # sources: NVIDIA datasheets (H200, H200 NVL, GH200, H100, A100, V100, A40, L40S, A10, L4, T4, RTX A6000)
+    'H200':           _gpu(143771, 989, 989, 494, 67, 4800, 63, 450, 50),   # 141 GB HBM3e, NVLink 900 GB/s
+    'H200-NVL':       _gpu(143771, 835, 835, 417, 60, 4800, 63, 450),       # PCIe; 2/4-way NVLink bridge 900 GB/s
+    'GH200':          _gpu(97871, 989, 989, 494, 67, 4000, 450, 450, 25),   # 96 GB HBM3 ("GH200 480GB")
+    'GH200-144GB':    _gpu(146831, 989, 989, 494, 67, 4900, 450, 450, 25),  # 144 GB HBM3e
+    'H100-SXM':       _gpu(81559, 989, 989, 494, 67, 3350, 63, 450, 50),    # 80 GB HBM3, NVLink 900 GB/s
     'H100-PCIe':      _gpu(81559, 756, 756, 378, 51, 2000, 63, 63),         # 80 GB HBM2e; NVLink bridge pairs only
-    'A100-80GB':      _gpu(81920, 312, 312, 156, 19.5, 2039, 31.5, 300),    # SXM4, NVLink 600 GB/s
-    'A100-40GB':      _gpu(40960, 312, 312, 156, 19.5, 1555, 31.5, 300),    # SXM4, NVLink 600 GB/s
+    'A100-80GB':      _gpu(81920, 312, 312, 156, 19.5, 2039, 31.5, 300, 25),  # SXM4, NVLink 600 GB/s
+    'A100-40GB':      _gpu(40960, 312, 312, 156, 19.5, 1555, 31.5, 300, 25),  # SXM4, NVLink 600 GB/s
     'A100-PCIe-80GB': _gpu(81920, 312, 312, 156, 19.5, 1935, 31.5, 31.5),
     'A100-PCIe-40GB': _gpu(40960, 312, 312, 156, 19.5, 1555, 31.5, 31.5),
-    'V100-32GB':      _gpu(32768, None, 125, None, 15.7, 900, 15.75, 150),  # SXM2, NVLink 300 GB/s
-    'V100-16GB':      _gpu(16384, None, 125, None, 15.7, 900, 15.75, 150),
+    'V100-32GB':      _gpu(32768, None, 125, None, 15.7, 900, 15.75, 150, 6.25),  # SXM2, NVLink 300 GB/s
+    'V100-16GB':      _gpu(16384, None, 125, None, 15.7, 900, 15.75, 150, 6.25),
     'RTX3090':        _gpu(24576, 71, 71, 35.6, 35.6, 936, 31.5, 31.5),     # GA102 whitepaper
     'RTX4090':        _gpu(24564, 165.2, 165.2, 82.6, 82.6, 1008, 31.5, 31.5),  # AD102 whitepaper; no P2P
     'A6000':          _gpu(49140, 154.8, 154.8, 77.4, 38.7, 768, 31.5, 31.5),   # RTX A6000
     'A40':            _gpu(46068, 149.7, 149.7, 74.8, 37.4, 696, 31.5, 31.5),
     'L40S':           _gpu(46068, 362, 362, 183, 91.6, 864, 31.5, 31.5),
+    # A10G (AWS g5): no NVIDIA datasheet; the A10's memory, about half its tensor rate (uncertain)
+    'A10G':           _gpu(23028, 70, 70, 35, 31.2, 600, 31.5, 31.5),
     'A10':            _gpu(23028, 125, 125, 62.5, 31.2, 600, 31.5, 31.5),
     'L4':             _gpu(23034, 121, 121, 60, 30.3, 300, 31.5, 31.5),
     'T4':             _gpu(15360, None, 65, None, 8.1, 320, 15.75, 15.75),
@@ -68,7 +79,6 @@ EFFICIENCY = 0.5        # matmul FLOPs reached / dense peak: nanoGPT ~0.4-0.5 MF
 LINK_EFFICIENCY = 0.7   # NCCL bus bandwidth / link's nominal (nccl-tests: ~230 of 300 GB/s on A100 NVLink)
 PCIE_EFFICIENCY = 0.7   # pinned copies / PCIe nominal (notes: A100 H2D 25 of 31.5, H100 35-53 of 63 GB/s)
 HBM_EFFICIENCY = 0.7    # fused AdamW's streaming / HBM peak
-INTER_NODE_BW = 25e9    # bytes/s per GPU between nodes: one 200 Gb/s HDR NIC per GPU (DGX A100)
 HOST_ADAM_BW = 100e9    # bytes/s per node for the CPU AdamW step (memory bound; train.py measures it)
 ADAM_BYTES = 32         # per parameter per step: read p, g, m, v (16), write p, m, v (12), clipping reads g (4)
 LAUNCH_S = 1e-4         # seconds per layer per micro-batch (forward + backward kernel launches)
@@ -100,13 +110,14 @@ def gpu_key(name):
             return key
     t = name.upper().replace('-', ' ').split()
     pcie = 'PCIE' in t
-    if 'H200' in t: return 'H200'
+    if 'GH200' in t: return 'GH200-144GB' if any(x.startswith('144G') for x in t) else 'GH200'
+    if 'H200' in t: return 'H200-NVL' if 'NVL' in t else 'H200'
     if 'H100' in t: return 'H100-PCIe' if pcie else 'H100-SXM'
     if 'A100' in t: return ('A100-PCIe-' if pcie else 'A100-') + ('80GB' if '80GB' in t else '40GB')
     if 'V100' in t: return 'V100-32GB' if '32GB' in t else 'V100-16GB'
     if '3090' in t: return 'RTX3090'
     if '4090' in t: return 'RTX4090'
-    for key in ('A6000', 'A40', 'L40S', 'A10', 'L4', 'T4'):
+    for key in ('A6000', 'A40', 'L40S', 'A10G', 'A10', 'L4', 'T4'):
         if key in t:
             return key
     return None
@@ -153,16 +164,24 @@ def _shapes(n_layer, n_head, n_embd, vocab_size, bias):
     block = tuple(tuple(p.shape) for p in model.transformer.h[0].parameters())
     root = tuple(tuple(p.shape) for n, p in model.named_parameters()  # named_parameters lists the tied weight once
                  if id(p) not in in_blocks and n != 'transformer.wpe.weight')
-    return block, root
+    # The weights of the last Linear a block's forward calls (found by running it on the meta
+    # device): non-reentrant checkpointing stops recomputing once the saved tensors are back, so
+    # it never reruns that matmul (its input and weight exist before it runs).
+    calls = []
+    for m in model.transformer.h[0].modules():
+        if isinstance(m, torch.nn.Linear):
+            m.register_forward_hook(lambda m, args, out: calls.append(m.weight.numel()))
+    model.transformer.h[0](torch.empty(1, 2, n_embd, device='meta'))
+    return block, root, calls[-1]
 
 
 def counts(model_config):
     c = _config(model_config)
-    block, root = _shapes(c.n_layer, c.n_head, c.n_embd, c.vocab_size, c.bias)
+    block, root, last_linear = _shapes(c.n_layer, c.n_head, c.n_embd, c.vocab_size, c.bias)
     root = root + ((c.block_size, c.n_embd),)
     numel = lambda shapes: sum(math.prod(s) for s in shapes)
     return dict(total=c.n_layer * numel(block) + numel(root), block=numel(block), root=numel(root),
-                block_shapes=block, root_shapes=root, wpe=c.block_size * c.n_embd)
+                block_shapes=block, root_shapes=root, wpe=c.block_size * c.n_embd, last_linear=last_linear)
 
 
 def _sharded(shapes, n):
@@ -179,11 +198,12 @@ def _pinned(shapes, n):
 def flops_per_sequence(model_config, ac=False):
     # Training FLOPs of one sequence: 6 per weight per token + attention 12·L·h·s per token (PaLM,
     # appendix B; as GPT.flops_per_token; wpe does no matmul). Checkpointing reruns the blocks'
-    # forward: 2 per block weight per token + attention's forward third.
+    # forward but for their last Linear (see _shapes): 2 per other block weight per token, and
+    # attention's forward third.
     c, n = _config(model_config), counts(model_config)
     s, L, h = c.block_size, c.n_layer, c.n_embd
     f = 6 * (n['total'] - n['wpe']) + 12 * L * h * s
-    return s * (f + (2 * L * n['block'] + 4 * L * h * s if ac else 0))
+    return s * (f + (2 * L * (n['block'] - n['last_linear']) + 4 * L * h * s if ac else 0))
 
 
 # -----------------------------------------------------------------------------
@@ -236,7 +256,7 @@ def estimate(model_config, strategy, micro_batch, world_size, dtype='bfloat16', 
         reduce = 4 if cb == 2 else 0
         live = 2 * cb * Pb if f['reshard_after_forward'] else cb * L * Pb
         buffers = 2 * cb * Pr + live + (cb + reduce) * Pb + (8 * math.ceil(Pb / N) if f['offload'] else 0)
-    if not overhead:
+    if overhead is None:
         overhead = GPU_OVERHEAD if device == 'cuda' else CPU_OVERHEAD
     other = buffers + ALLOC_SLACK * (activations + buffers) + overhead
     part.update(activations=activations, other=int(other))
@@ -356,13 +376,17 @@ BACKENDS = {'cuda': 'cpu:gloo,cuda:nccl', 'cpu': 'gloo'}
 
 
 def this_rank(device_type, rank, local_world):
-    # What this rank has, for make_plan: its device and free memory, and its node's host memory.
+    # What this rank has, for make_plan: its device and memory, and its node's host memory. A GPU
+    # rank calls it after its first collective on the device: the memory in use then but not in
+    # PyTorch's allocator (CUDA context, NCCL's buffers, other processes) is its measured overhead.
     host = host_memory_available()
-    cuda = device_type == 'cuda'
-    return dict(device=device_type, node=rank // local_world, host_mem=host,
-                gpu=gpu_key(torch.cuda.get_device_name()) if cuda else None,
-                mem=torch.cuda.mem_get_info()[0] if cuda else host // local_world,
-                overhead=torch.cuda.memory_reserved() if cuda else 0)
+    if device_type != 'cuda':
+        return dict(device='cpu', node=rank // local_world, host_mem=host, gpu=None,
+                    mem=host // local_world, overhead=None)
+    free, total = torch.cuda.mem_get_info()
+    return dict(device='cuda', node=rank // local_world, host_mem=host,
+                gpu=gpu_key(torch.cuda.get_device_name()), mem=total,
+                overhead=total - free - torch.cuda.memory_reserved())
 
 
 # -----------------------------------------------------------------------------
@@ -439,20 +463,23 @@ def _normalise(ranks, fraction):
         r.setdefault('device', 'cuda' if r['gpu'] else 'cpu')
         assert r.get('mem') or r['gpu'] in GPUS, f"rank {r}: give mem (bytes) for a CPU rank or a GPU not in GPUS"
         r['mem'] = r.get('mem') or GPUS[r['gpu']]['mem']
-        r['overhead'] = r.get('overhead') or (GPU_OVERHEAD if r['device'] == 'cuda' else CPU_OVERHEAD)
+        if r.get('overhead') is None:
+            r['overhead'] = GPU_OVERHEAD if r['device'] == 'cuda' else CPU_OVERHEAD
         r['fraction'] = fraction
     return out
 
 
 def _bandwidth(ranks, inter_node_bw):
     # Bytes/s of the ring's slowest hop: NVLink/PCIe inside a node (unlike GPUs on one node talk
-    # over PCIe), the NIC between nodes; gloo for CPU ranks.
+    # over PCIe), the NIC between nodes (inter_node_bw, else the slowest part's 'net'); gloo for
+    # CPU ranks.
     if any(r['device'] == 'cpu' for r in ranks):
         return CPU_COMM_BW
     kinds = {r['gpu'] for r in ranks}
     intra = _dev(ranks[0])['p2p'] if len(kinds) == 1 else min(_dev(r)['host'] for r in ranks)
     intra *= 1e9
-    return LINK_EFFICIENCY * (min(intra, inter_node_bw) if len({r['node'] for r in ranks}) > 1 else intra)
+    inter = inter_node_bw or min(_dev(r)['net'] for r in ranks) * 1e9
+    return LINK_EFFICIENCY * (min(intra, inter) if len({r['node'] for r in ranks}) > 1 else intra)
 
 
 def _evaluate(cfg, batch, ranks, strategy, mbs, dtype, inter_node_bw):
@@ -511,19 +538,27 @@ def _evaluate_one(cfg, batch, ranks, strategy, mbs, dtype, inter_node_bw, accumu
         # DDP: each rank alone, then one all-reduce of the fp32 grads (ring: 2(N-1)/N of them),
         # overlapped with the backward (2/3) of the slowest rank's last micro-batch.
         share = split_batch(batch, opt, [c + c0_mb / m for c, m in zip(c1, caps)], [batch] * R)
-        sizes = [micro_batches(k, m) or [0] for k, m in zip(share, caps)]  # no sequences: one empty forward
-        busy = [sum(c0_mb + c * m for m in ms) + o for c, ms, o in zip(c1, sizes, opt)]
+        # no sequences: one forward and backward of one sequence × 0 (train.py's empty micro-batch)
+        sizes = [micro_batches(k, m) or [0] for k, m in zip(share, caps)]
+        busy = [sum(c0_mb + c * max(m, 1) for m in ms) + o for c, ms, o in zip(c1, sizes, opt)]
         slow = max(range(R), key=busy.__getitem__)
         allreduce = 2 * ring * 4 * n['total'] / bw
-        step = busy[slow] + max(0.0, allreduce - 2 / 3 * (c0_mb + c1[slow] * sizes[slow][-1]))
+        step = busy[slow] + max(0.0, allreduce - 2 / 3 * (c0_mb + c1[slow] * max(sizes[slow][-1], 1)))
     else:
         # FSDP2 per micro-batch: all-gather of 16-bit weights (forward, and again for backward when
         # resharded) and a reduce-scatter of fp32 grads, each (N-1)/N of the model; under offload
-        # the fp32 shards cross PCIe to the device before each all-gather and the grads back.
+        # the fp32 shards cross PCIe to the device before each all-gather and the grads back (one
+        # rank too: no ring, the same copies).
         gathers = 2 if f['reshard_after_forward'] else 1
         pcie = min(_dev(r)['host'] for r in ranks) * 1e9 * PCIE_EFFICIENCY
         gather = ring * gathers * cb * n['total'] / bw + (gathers * 4 * mine / pcie if f['offload'] else 0)
         reduce = ring * 4 * n['total'] / bw + (4 * mine / pcie if f['offload'] else 0)
+        # Offloaded and reduced after each micro-batch, every micro-batch but the first adds its
+        # gradients to the host's: FSDP2 then copies them back synchronously (its add on the host
+        # needs them) and adds on the CPU (read 2, write 1 fp32 per parameter): not overlapped.
+        host_add = 0.0
+        if f['offload'] and not accumulate:
+            host_add = 4 * mine / pcie + 12 * mine * max(per_node.values()) / HOST_ADAM_BW
         # The same count K of micro-batches on every rank; each waits for the slowest rank's
         # piece, and prefetching overlaps the collectives with compute. Try K from the fewest up
         # while the caps still bind the split.
@@ -532,7 +567,8 @@ def _evaluate_one(cfg, batch, ranks, strategy, mbs, dtype, inter_node_bw, accumu
             share = split_batch(batch, [c0_mb] * R, c1, caps, count=K)
             sizes = [micro_batches(x, m, K) for x, m in zip(share, caps)]
             comm = [gather + (reduce if not accumulate or j == K - 1 else 0) for j in range(K)]
-            t = sum(max(comm[j], max(c0_mb + c * ms[j] for c, ms in zip(c1, sizes))) for j in range(K)) + max(opt)
+            compute = [max(c0_mb + c * max(ms[j], 1) for c, ms in zip(c1, sizes)) for j in range(K)]
+            t = sum(max(comm[j], compute[j]) + (host_add if j else 0.0) for j in range(K)) + max(opt)
             if best is None or t < best[0]:
                 best = (t, share, sizes)
             if all(x < K * m for x, m in zip(share, caps)):  # no rank is full: more micro-batches only cost
@@ -611,10 +647,10 @@ def _advice(cfg, batch, ranks, plan, mbs, dtype, inter_node_bw, results):
 
 
 def make_plan(model_config, batch_size, ranks, plan='auto', micro_batch_size=0, memory_fraction=0.9,
-              dtype='bfloat16', inter_node_bw=INTER_NODE_BW):
+              dtype='bfloat16', inter_node_bw=None):
     # ranks: one dict per rank: device 'cuda'|'cpu', gpu (GPUS key or None), mem (device bytes the
     # rank may use; a CPU rank: its share of host memory), host_mem (its node's host bytes, None =
-    # not checked), node, overhead (bytes outside PyTorch's allocator; 0 = default), flops (optional
+    # not checked), node, overhead (bytes outside PyTorch's allocator; None = default), flops (optional
     # measured FLOP/s). Every candidate that fits is timed; the fastest wins (ties: lower rung).
     cfg = _config(model_config)
     ranks = _normalise(ranks, memory_fraction)
@@ -679,7 +715,8 @@ def main(argv=None):
     ap.add_argument('--micro_batch_size', type=int, default=0)
     ap.add_argument('--memory_fraction', type=float, default=0.9)
     ap.add_argument('--dtype', default='bfloat16', choices=('bfloat16', 'float16', 'float32'))
-    ap.add_argument('--inter_node_gbs', type=float, default=INTER_NODE_BW / 1e9, help="GB/s per GPU between nodes")
+    ap.add_argument('--inter_node_gbs', type=float, default=None,
+                    help="GB/s per GPU between nodes (default: the GPU's reference system, GPUS 'net')")
     args, rest = ap.parse_known_args(argv)
     defaults = {f.name: f.default for f in fields(GPTConfig)} | dict(batch_size=1)
     config = configure(defaults, [a for a in args.config + rest if a.startswith('--') or a.endswith('.py')],
@@ -687,7 +724,7 @@ def main(argv=None):
     ranks = _cluster(args.gpus, args.nodes, args.host_mem)
     p = make_plan(config_from(config), config['batch_size'], ranks, plan=args.plan,
                   micro_batch_size=args.micro_batch_size, memory_fraction=args.memory_fraction,
-                  dtype=args.dtype, inter_node_bw=args.inter_node_gbs * 1e9)
+                  dtype=args.dtype, inter_node_bw=args.inter_node_gbs and args.inter_node_gbs * 1e9)
     print(p.table())
     print(f"({time.time() - t0:.1f} s)")
     return 0 if p.fits else 1

@@ -130,8 +130,8 @@ if device == 'auto':
 if device.startswith('cuda'):
     if not torch.cuda.is_available():
         die(f"device={device} but this torch sees no CUDA device; use --device=cpu")
-    device = f'cuda:{local_rank}'
-    torch.cuda.set_device(device)
+    device = f'cuda:{local_rank}' if device == 'cuda' else device  # torchrun: one GPU per local rank
+    torch.cuda.set_device(device)  # before the process group: NCCL binds to the current device
 device_type = 'cuda' if device.startswith('cuda') else 'cpu'
 # One default group with a backend per device type: NCCL serves only CUDA tensors, and the host-side
 # flags, counts and (under offload) gradients go through gloo on the same group.
@@ -153,7 +153,7 @@ if dtype == 'auto':  # bfloat16 where the hardware computes it (CUDA; a CPU with
 if compile and device_type == 'cpu' and not (shutil.which('g++') or shutil.which('c++')):
     compile = False  # inductor writes C++ for the CPU: without a compiler, run eager and say so below
 ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
-if device_type == 'cuda':
+if device_type == 'cuda':  # float32 matmuls on TF32 tensor cores (the planner's float32 peak assumes it)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 
 
@@ -191,6 +191,7 @@ def get_batch(split, offsets):
     y = np.stack([tokens[i + 1:i + 1 + block_size] for i in offsets]).astype(np.int64)
     if x.max(initial=0) >= vocab_size or y.max(initial=0) >= vocab_size:
         die(f"data/{dataset}/{split}.bin holds token ids >= vocab_size={vocab_size}: wrong tokenizer or dtype")
+    # CUDA: from pinned memory the copy is asynchronous, so the host does not wait for the device here
     pinned = lambda t: t.pin_memory().to(device, non_blocking=True) if device_type == 'cuda' else t
     return pinned(torch.from_numpy(x)), pinned(torch.from_numpy(y))
 
@@ -209,7 +210,9 @@ else:
 if model_args.block_size < block_size:
     die(f"block_size={block_size} exceeds the model's {model_args.block_size}")
 
-me = planner.this_rank(device_type, rank, local_world)  # device, memory, node, host memory
+if device_type == 'cuda':  # NCCL sets up its buffers at the first collective: then this_rank measures them
+    dist.all_reduce(torch.zeros(1, device=device))
+me = planner.this_rank(device_type, rank, local_world)  # device, memory, overhead, node, host memory
 ranks = [None] * world_size
 dist.all_gather_object(ranks, me)
 run_plan = planner.make_plan(model_args, batch_size, ranks, plan=plan, micro_batch_size=micro_batch_size,
@@ -233,7 +236,8 @@ if not init_from.startswith('gpt2'):
 # (compile sees the checkpointed blocks; FSDP wraps the compiled ones; torchtitan's order). Under DDP
 # and plan=auto each rank chooses: one whose micro-batch fits without checkpointing does not recompute.
 ac = run_plan.ac and (plan != 'auto' or run_plan.shard or planner.estimate(
-    model_args, 'ddp', run_plan.micro_batch[rank], world_size, dtype, device=device_type)['total'] > memory_fraction * me['mem'])
+    model_args, 'ddp', run_plan.micro_batch[rank], world_size, dtype, overhead=me['overhead'],
+    device=device_type)['total'] > memory_fraction * me['mem'])
 if ac:
     for block in raw_model.transformer.h:
         block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
@@ -246,7 +250,9 @@ if run_plan.shard:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
     # fully_shard moves each parameter to the mesh's device as it shards it: the whole model never
-    # has to fit on one GPU.
+    # has to fit on one GPU. The mesh spans the world, so it uses the default group: under offload
+    # the gradients are host tensors and clip_grad_norm_ reduces their norms through its gloo.
+    # Pinned host shards (CUDA only: pinning needs a GPU) make the copies to and from it asynchronous.
     fsdp_kw = dict(mesh=init_device_mesh(device_type, (world_size,)),
                    mp_policy=MixedPrecisionPolicy(param_dtype=ptdtype, reduce_dtype=torch.float32),
                    offload_policy=CPUOffloadPolicy(pin_memory=device_type == 'cuda') if run_plan.offload else OffloadPolicy())
@@ -350,7 +356,7 @@ while True:
         peak_mem = torch.cuda.max_memory_reserved() if device_type == 'cuda' else planner.peak_rss()
         peak_alloc = torch.cuda.max_memory_allocated() if device_type == 'cuda' else peak_mem
         # over budget counts too, on a GPU (a host's peak RSS is a lifetime mark: halving can't lower it)
-        oom = device_type == 'cuda' and peak_mem > memory_fraction * me['mem']
+        oom = device_type == 'cuda' and peak_mem + me['overhead'] > memory_fraction * me['mem']
     except torch.cuda.OutOfMemoryError:
         oom = True
     optimizer.zero_grad(set_to_none=True)

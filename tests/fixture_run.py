@@ -3,6 +3,10 @@ usage: python tests/fixture_run.py train.py [args...]; the faults come from envi
   HETGPT_TEST_NAN_STEPS=3,4   gradients become NaN at these optimizer steps (counted from 0 in this process)
   HETGPT_TEST_SAVE_FAIL=2     the 2nd checkpoint save of this process fails as on a full disk
   HETGPT_TEST_SLOW_SAVE=0.5   seconds to wait after a checkpoint's data is written, before it is made visible
+  HETGPT_TEST_CUDA_GROUP=1    the default process group laid out as train.py lays it out for CUDA, with
+                              gloo in NCCL's place, serving only what NCCL serves (CUDA tensors): host
+                              tensors then need a CPU backend of their own, as on a GPU host. A value
+                              other than 1 is a backend string to try instead ('nccl': before the fix).
 """
 import errno
 import os
@@ -42,4 +46,11 @@ def save(*args, **kwargs):
 torch.nn.utils.clip_grad_norm_, dcp.save = clip, save
 sys.argv = sys.argv[1:]
 sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
+cuda_group = os.environ.get('HETGPT_TEST_CUDA_GROUP')
+if cuda_group:
+    import plan  # the module train.py imports: it reads BACKENDS[device type] from it
+    backend = plan.BACKENDS['cuda'] if cuda_group == '1' else cuda_group
+    if ':' not in backend:  # one backend for the device types it serves: NCCL serves CUDA only
+        backend = {'nccl': 'cuda:nccl', 'gloo': 'cpu:gloo,cuda:gloo'}[backend]
+    plan.BACKENDS['cpu'] = backend.replace('nccl', 'gloo')
 runpy.run_path(sys.argv[0], run_name='__main__')

@@ -42,6 +42,23 @@ def test_uneven_split_on_three_ranks_matches_one_process(work, strategy, weights
     same_run(work, out, 1e-5)
 
 
+def test_host_collectives_find_a_backend_on_the_cuda_process_group(work):
+    # train.py's default group for CUDA, with gloo where NCCL would be and serving only CUDA tensors
+    # as NCCL does: the host-side collectives (flags, counts, the peak FLOPS, the offloaded
+    # gradients' norm under fsdp+offload) must find its CPU backend, and the run is the same run.
+    run_train(work, *COMMON, '--out_dir=cuda_group', '--plan=fsdp+offload', '--micro_batch_size=2',
+              '--balance=even', nproc=2, faults=True, env={'HETGPT_TEST_CUDA_GROUP': '1'})
+    same_run(work, 'cuda_group', 1e-5)
+    # the group of before (NCCL alone) has no backend for host tensors: the same run stops (here at
+    # the first object collective, whose buffer goes to the CUDA device this host lacks; on a GPU
+    # host at the first host tensor)
+    p = run_train(work, *COMMON, '--out_dir=nccl_only', check=False, faults=True,
+                  env={'HETGPT_TEST_CUDA_GROUP': 'nccl'})
+    assert p.returncode != 0
+    assert any(m in p.stderr for m in ('No backend type associated with device type cpu',
+                                       'not compiled with CUDA', 'Found no NVIDIA driver'))  # CUDA build, no GPU
+
+
 def test_checkpoint_from_fsdp_on_two_ranks_resumes_under_ddp_on_one(work):
     common = TINY + ['--batch_size=8', '--max_iters=6', '--eval_interval=100', '--checkpoint_interval=3']
     run_train(work, *common, '--out_dir=straight', '--plan=ddp')

