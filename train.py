@@ -391,7 +391,8 @@ if master:  # drop checkpoints a killed run left half-written, and metrics past 
                             'pred_gib': run_plan.predicted[0]['total'] / 2**30,
                             'pred_host_gib': run_plan.predicted[0]['host_rank'] / 2**30,
                             'pred_tokens_per_sec': run_plan.tokens_per_sec,
-                            'probe_gib': peak_mem / 2**30, 'probe_alloc_gib': peak_alloc / 2**30}) + '\n')
+                            'probe_gib': peak_mem / 2**30, 'probe_alloc_gib': peak_alloc / 2**30,
+                            'overhead_gib': (me['overhead'] or 0) / 2**30}) + '\n')
 shares = planner.weighted_split(batch_size, [1.0] * world_size)  # even
 if balance == 'auto' and world_size > 1:
     speed_c0, speed_c1 = measure_speed()

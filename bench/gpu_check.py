@@ -171,21 +171,25 @@ def main():
 
 
 def summary(results):
+    # predicted memory is the planner's total, the CUDA context and NCCL ('outside allocator',
+    # measured at start-up) included; the probe's and the steps' peaks are the allocator's alone
     f = lambda x, spec='.1f': '-' if x is None else format(x, spec)
     rows = ['| check | plan | micro-batch | tokens/s | predicted tokens/s | MFU | memory GiB: predicted | '
-            'probe alloc / reserved | steps alloc / reserved | host GiB: predicted / peak RSS | wall s | note |',
-            '|---|---|---|---|---|---|---|---|---|---|---|---|']
+            'probe alloc / reserved | steps alloc / reserved | outside allocator | '
+            'host GiB: predicted / peak RSS | wall s | note |',
+            '|---|---|---|---|---|---|---|---|---|---|---|---|---|']
     for r in results:
         if 'error' in r:
-            rows.append(f"| {r['label']} | | | | | | | | | | {f(r.get('wall'), '.0f')} | "
+            rows.append(f"| {r['label']} | | | | | | | | | | | {f(r.get('wall'), '.0f')} | "
                         f"**{r['error']}** {r['note']} |")
             continue
         p = r['plan']
         rows.append(
             f"| {r['label']} | {p.get('plan', '?')}{' (ac)' if p.get('ac') and '+ac' not in p.get('plan', '') else ''} "
             f"| {p.get('micro_batch', '-')} | {f(r['tokens_per_sec'], ',.0f')} | {f(p.get('pred_tokens_per_sec'), ',.0f')} "
-            f"| {f(r['mfu'] and 100 * r['mfu'], '.1f%')} | {f(p.get('pred_gib'))} "
+            f"| {f(r['mfu'] and 100 * r['mfu'])}{'%' if r['mfu'] else ''} | {f(p.get('pred_gib'))} "
             f"| {f(p.get('probe_alloc_gib'))} / {f(p.get('probe_gib'))} | {f(r['mem_gib'])} / {f(r['reserved_gib'])} "
+            f"| {f(p.get('overhead_gib'), '.2f')} "
             f"| {f(p.get('pred_host_gib'))} / {f(r['host_gib'])} | {f(r['wall'], '.0f')} | {r['note']} |")
     return '\n'.join(rows)
 

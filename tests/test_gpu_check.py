@@ -25,3 +25,19 @@ def test_gpu_check_dry_run_walks_every_check_and_writes_the_summary(tmp_path):
     assert rows['offload'][0].strip() == 'fsdp+offload'
     assert 'failed' not in summary and 'skipped' not in summary
     assert len(list((tmp_path / 'logs').glob('*.log'))) == 13  # every run's output kept
+
+
+def test_summary_row_of_a_gpu_run():
+    # what the dry run cannot show: MFU and the overhead are set on a GPU
+    sys.path.insert(0, str(ROOT / 'bench'))
+    import gpu_check
+    plan = dict(plan='ddp', ac=False, micro_batch=16, pred_gib=80.0, pred_host_gib=3.0, pred_tokens_per_sec=5e4,
+                probe_gib=70.0, probe_alloc_gib=65.0, overhead_gib=0.75)
+    run = dict(label='1.3B compile', note='', tokens_per_sec=4.2e4, mfu=0.385, mem_gib=66.0, reserved_gib=71.0,
+               host_gib=9.0, wall=80.0, plan=plan)
+    failed = dict(label='offload', note='(2.7B)', error='timed out after 80 s', wall=80.0)
+    table = gpu_check.summary([run, failed]).splitlines()
+    assert table[2] == ('| 1.3B compile | ddp | 16 | 42,000 | 50,000 | 38.5% | 80.0 | 65.0 / 70.0 | 66.0 / 71.0 '
+                        '| 0.75 | 3.0 / 9.0 | 80 |  |')
+    assert table[3].startswith('| offload |') and '**timed out after 80 s** (2.7B)' in table[3]
+    assert len({line.count('|') for line in table}) == 1  # every row has the header's columns
