@@ -93,7 +93,7 @@ if n_embd % n_head:
 for ok, msg in [
         (learning_rate > 0 and 0 <= min_lr <= learning_rate, f"learning_rate={learning_rate}, min_lr={min_lr}: need 0 <= min_lr <= learning_rate, learning_rate > 0"),
         (warmup_iters >= 0 and lr_decay_iters >= 0, "warmup_iters and lr_decay_iters must be >= 0"),
-        (checkpoint_interval >= 0, f"checkpoint_interval={checkpoint_interval}: >= 0 (0: no checkpoints)"),
+        (checkpoint_interval >= 0, f"checkpoint_interval={checkpoint_interval}: >= 0 (0: none)"),
         (weight_decay >= 0 and grad_clip >= 0, "weight_decay and grad_clip must be >= 0 (grad_clip=0 disables clipping)"),
         (0 <= dropout < 1, f"dropout={dropout} must be in [0, 1)"),
         (0 < memory_fraction <= 1, f"memory_fraction={memory_fraction} must be in (0, 1]"),
@@ -130,7 +130,7 @@ if device == 'auto':
 if device.startswith('cuda'):
     if not torch.cuda.is_available():
         die(f"device={device} but this torch sees no CUDA device; use --device=cpu")
-    device = f'cuda:{local_rank}' if device == 'cuda' else device  # torchrun: one GPU per local rank
+    device = f'cuda:{local_rank}' if device == 'cuda' else device  # one GPU per local rank
     torch.cuda.set_device(device)  # before the process group: NCCL binds to the current device
 device_type = 'cuda' if device.startswith('cuda') else 'cpu'
 # One default group with a backend per device type: NCCL serves only CUDA tensors, and the host-side
@@ -153,7 +153,7 @@ if dtype == 'auto':  # bfloat16 where the hardware computes it (CUDA; a CPU with
 if compile and device_type == 'cpu' and not (shutil.which('g++') or shutil.which('c++')):
     compile = False  # inductor writes C++ for the CPU: without a compiler, run eager and say so below
 ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
-if device_type == 'cuda':  # float32 matmuls on TF32 tensor cores (the planner's float32 peak assumes it)
+if device_type == 'cuda':  # float32 matmuls on TF32 tensor cores (as the planner's float32 peak)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 
 
@@ -191,7 +191,7 @@ def get_batch(split, offsets):
     y = np.stack([tokens[i + 1:i + 1 + block_size] for i in offsets]).astype(np.int64)
     if x.max(initial=0) >= vocab_size or y.max(initial=0) >= vocab_size:
         die(f"data/{dataset}/{split}.bin holds token ids >= vocab_size={vocab_size}: wrong tokenizer or dtype")
-    # CUDA: from pinned memory the copy is asynchronous, so the host does not wait for the device here
+    # CUDA: from pinned memory the copy is asynchronous: the host does not wait for the device
     pinned = lambda t: t.pin_memory().to(device, non_blocking=True) if device_type == 'cuda' else t
     return pinned(torch.from_numpy(x)), pinned(torch.from_numpy(y))
 
@@ -210,9 +210,9 @@ else:
 if model_args.block_size < block_size:
     die(f"block_size={block_size} exceeds the model's {model_args.block_size}")
 
-if device_type == 'cuda':  # NCCL sets up its buffers at the first collective: then this_rank measures them
+if device_type == 'cuda':  # NCCL makes its buffers at its first collective: this_rank measures them
     dist.all_reduce(torch.zeros(1, device=device))
-me = planner.this_rank(device_type, rank, local_world)  # device, memory, overhead, node, host memory
+me = planner.this_rank(device_type, rank, local_world)  # device, memory, overhead, node, host
 ranks = [None] * world_size
 dist.all_gather_object(ranks, me)
 run_plan = planner.make_plan(model_args, batch_size, ranks, plan=plan, micro_batch_size=micro_batch_size,
@@ -252,7 +252,7 @@ if run_plan.shard:
     # fully_shard moves each parameter to the mesh's device as it shards it: the whole model never
     # has to fit on one GPU. The mesh spans the world, so it uses the default group: under offload
     # the gradients are host tensors and clip_grad_norm_ reduces their norms through its gloo.
-    # Pinned host shards (CUDA only: pinning needs a GPU) make the copies to and from it asynchronous.
+    # Pinned host shards (CUDA only: pinning needs a GPU) make the copies to and from it async.
     fsdp_kw = dict(mesh=init_device_mesh(device_type, (world_size,)),
                    mp_policy=MixedPrecisionPolicy(param_dtype=ptdtype, reduce_dtype=torch.float32),
                    offload_policy=CPUOffloadPolicy(pin_memory=device_type == 'cuda') if run_plan.offload else OffloadPolicy())
@@ -387,7 +387,8 @@ if master:  # drop checkpoints a killed run left half-written, and metrics past 
     with open(metrics_path, 'w') as f:
         f.writelines(r for r in rows if json.loads(r)['iter'] <= iter_num)
         # the plan against the probe step, rank 0's (for bench/ and for the record)
-        f.write(json.dumps({'iter': iter_num, 'plan': run_plan.strategy, 'ac': ac, 'micro_batch': caps[0],
+        f.write(json.dumps({'iter': iter_num, 'plan': run_plan.strategy, 'ac': ac,
+                            'micro_batch': caps[0],
                             'pred_gib': run_plan.predicted[0]['total'] / 2**30,
                             'pred_host_gib': run_plan.predicted[0]['host_rank'] / 2**30,
                             'pred_tokens_per_sec': run_plan.tokens_per_sec,
@@ -537,7 +538,8 @@ while iter_num < max_iters:
         validate()
     stop = torch.tensor(len(stop_signals))  # host tensor (gloo): no wait for the GPU
     dist.all_reduce(stop)  # a signal may reach the ranks at different steps
-    if (checkpoint_interval and (iter_num % checkpoint_interval == 0 or iter_num == max_iters)) or stop:
+    due = checkpoint_interval and (iter_num % checkpoint_interval == 0 or iter_num == max_iters)
+    if due or stop:
         ckpt.save(out_dir, iter_num, model, optimizer, {'model_args': vars(model_args), 'config': config}, keep_last)
     if stop:
         log(f"iter {iter_num}: stopped by a signal; checkpoint saved, init_from=resume continues")
