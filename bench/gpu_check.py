@@ -23,11 +23,13 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import fields
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, 'bench')]
 import plan as planner  # noqa: E402  (no CUDA is touched here: the runs own the GPU)
-from model import GPTConfig  # noqa: E402
+from configurator import configure  # noqa: E402
+from model import GPTConfig, config_from  # noqa: E402
 from throughput import measure  # noqa: E402
 
 GiB = 2**30
@@ -54,9 +56,9 @@ def host_total():
 
 
 def n_params(path):
-    text = open(path).read()
-    m = re.search(r'Exact parameter count: ([\d,]+)', text)
-    return int(m.group(1).replace(',', '')) if m else 0
+    # counted from the model the config builds (on the meta device), not read from its comments
+    defaults = {f.name: f.default for f in fields(GPTConfig)}
+    return planner.counts(config_from(configure(defaults, [path], strict_files=False)))['total']
 
 
 def largest_config(gpu_arg, host_gib):

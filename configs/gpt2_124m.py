@@ -1,4 +1,4 @@
-# nanoGPT's GPT-2 (124M) recipe on OpenWebText. Exact parameter count: 124,475,904
+# nanoGPT's GPT-2 (124M) recipe on OpenWebText. Exact parameter count: 124,373,760
 # (vocab padded to 50304). 480 × 1024 = 491,520 tokens per step, as nanoGPT's 12 × 5 × 8 × 1024.
 # python data/prepare.py --dataset openwebtext
 # torchrun --standalone --nproc_per_node=8 train.py configs/gpt2_124m.py

@@ -319,3 +319,12 @@ def test_predictions_within_25_percent_of_published_runs():
     import published
     for r in published.compare():
         assert 0.75 <= r['ratio'] <= 1.25, r
+
+
+@pytest.mark.parametrize('path', sorted((ROOT / 'configs').glob('*.py')), ids=lambda p: p.stem)
+def test_each_configs_stated_parameter_count_is_the_models(path):
+    # the header comment users read ("Exact parameter count: N") against the model it builds
+    stated = re.search(r'Exact parameter count: ([\d,]+)', path.read_text())
+    assert stated, f"{path.name} states no parameter count"
+    cfg, _ = load(path.stem)
+    assert int(stated.group(1).replace(',', '')) == exact_params(cfg)
