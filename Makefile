@@ -12,7 +12,7 @@ data/pydocs/train.bin: .venv/installed data/prepare.py
 	$(PY) data/prepare.py --dataset pydocs
 
 demo: .venv/installed data/pydocs/train.bin
-	$(PY) train.py configs/gpt_tiny.py --device=cpu --init_from=scratch
+	$(PY) train.py configs/gpt_tiny.py --device=cpu --init_from=auto
 	$(PY) sample.py --out_dir=out/tiny --start="The dictionary" --num_samples=1 --max_new_tokens=120
 
 test: .venv/installed

@@ -25,18 +25,27 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from configurator import die
 
-ALLOWED = {('torch', 'Size'), ('collections', 'OrderedDict'), ('torch.serialization', '_get_layout'),
-           ('torch.distributed.checkpoint.filesystem', '_StorageInfo'), ('pathlib', 'PosixPath'),
-           ('pathlib', 'WindowsPath')}
+# Every global DCP's metadata pickle names, exactly: a name is never walked through attributes
+# ('os.system' reached from an allowed module), and nothing else in these modules is reachable.
+ALLOWED = {('torch', 'Size'), ('torch.serialization', '_get_layout'), ('collections', 'OrderedDict'),
+           ('pathlib', 'PosixPath'), ('pathlib', 'WindowsPath'),
+           ('torch.distributed.checkpoint.filesystem', '_StorageInfo')} | {
+    ('torch.distributed.checkpoint.metadata', name) for name in (
+        'Metadata', 'StorageMeta', 'MetadataIndex', 'TensorProperties', 'ChunkStorageMetadata',
+        'TensorStorageMetadata', 'BytesStorageMetadata', '_MEM_FORMAT_ENCODING')}
 
 
 class MetadataUnpickler(pickle.Unpickler):
+    # torch's own weights_only unpickler would be the natural choice, but it does not read pickle
+    # protocol 4 (FRAME, STACK_GLOBAL), which is what DCP writes.
 
     def find_class(self, module, name):
-        found = super().find_class(module, name) if module.startswith(('torch', 'collections', 'pathlib')) else None
-        if ((module, name) in ALLOWED or isinstance(found, (torch.dtype, torch.memory_format))
-                or (module == 'torch.distributed.checkpoint.metadata' and isinstance(found, type))):
-            return found  # DCP's record classes, sizes, dtypes, a layout by name, paths
+        if (module, name) in ALLOWED:
+            return super().find_class(module, name)
+        if module == 'torch' and name.isidentifier():  # a dtype or memory format, by plain name
+            found = getattr(torch, name, None)
+            if isinstance(found, (torch.dtype, torch.memory_format)):
+                return found
         raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a checkpoint's metadata")
 
 
@@ -45,6 +54,14 @@ dcp_filesystem.pickle = types.SimpleNamespace(**{**vars(pickle), 'load': lambda 
 # When the metadata cannot be read, DCP logs a traceback (on the root logger) before it raises; the
 # callers report the damaged checkpoint themselves, in one line.
 logging.getLogger().addFilter(lambda record: 'metadata is not found' not in record.getMessage())
+
+
+def why(e):
+    # One line for an error of DCP's: the first rank's own exception, not the wrapper's traceback.
+    if isinstance(e, CheckpointException) and e.failures:
+        e = next(iter(e.failures.values()))[0]
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:200]}" if text else type(e).__name__
 
 
 def checkpoints(out_dir):
@@ -72,13 +89,14 @@ def save(out_dir, step, model, optimizer, meta, keep_last):
                 os.fsync(f.fileno())
     except (Exception, CheckpointException) as e:  # a full disk, a quota: the last complete one is still there
         last = checkpoints(out_dir)
-        die(f"could not write checkpoint {tmp} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+        die(f"could not write checkpoint {tmp} ({why(e)}); "
             f"{'the last complete one, ' + last[-1] + ', is intact' if last else 'no checkpoint was lost'}: "
             f"free space, then init_from=resume")
     if master:
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
-        for old in checkpoints(out_dir)[:-keep_last]:
+        others = [c for c in checkpoints(out_dir) if c != final]  # the one just written stays
+        for old in others[:len(others) - (keep_last - 1)]:
             shutil.rmtree(old, ignore_errors=True)
     dist.barrier()
 
@@ -87,13 +105,16 @@ def load(path, model, optimizer, model_args):
     # Loads path into model and optimizer (wrapped or not) and returns its iteration.
     try:
         meta = json.load(open(os.path.join(path, 'hetgpt.json')))
+        if not (isinstance(meta.get('model_args'), dict) and type(meta.get('iter')) is int
+                and f"ckpt_{meta['iter']:08d}" == os.path.basename(path)):
+            raise ValueError("hetgpt.json has no int iter matching the directory or no model_args")
         if meta['model_args'] != vars(model_args):
             diff = [f"{k}={meta['model_args'].get(k)} here {v}" for k, v in vars(model_args).items() if meta['model_args'].get(k) != v]
-            die(f"{path} holds another model ({', '.join(diff)}); use its config, another out_dir, or init_from=scratch")
+            die(f"{path} holds another model ({', '.join(diff)}); use its config or another out_dir")
         model_sd, optim_sd = get_state_dict(model, optimizer)
         dcp.load({'model': model_sd, 'optim': optim_sd}, checkpoint_id=path)
     except (Exception, CheckpointException) as e:  # (DCP's exception is a BaseException; die's is neither)
-        die(f"checkpoint {path} is damaged ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); "
-            f"move it away to resume from the one before, or use init_from=scratch")
+        die(f"checkpoint {path} is damaged ({why(e)}); "
+            f"move it away to resume from the one before, or use another out_dir")
     set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
     return meta['iter']

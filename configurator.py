@@ -5,11 +5,14 @@ A script keeps its knobs as commented module-level globals and calls
     globals().update(configure({k: v for k, v in globals().items() if is_knob(k, v)}))
 
 Arguments: config files (plain Python assignments, e.g. configs/gpt_13b.py) and --key=value
-overrides, applied in order. Unknown keys and wrong types exit with one line that says what to
-do: a typo must never train the wrong model silently.
+overrides, applied in order. Unknown keys, wrong types and values out of range (a script's RULES
+table, checked by configure) exit with one line that says what to do: a typo must never train the
+wrong model silently.
 """
 import ast
 import difflib
+import math
+import re
 import sys
 
 
@@ -37,6 +40,32 @@ def check(key, value, defaults, where):
     die(f"{key}={value!r} in {where}: expected {want.__name__} like {defaults[key]!r}, got {type(value).__name__}")
 
 
+def check_rule(key, value, rule):
+    # A RULES entry: '> 0', '>= 1', an interval '[0, 1)', a regular expression a string knob must
+    # match whole ('auto|cpu|cuda(:[0-9]+)?'), or '' (any value of the knob's type).
+    if isinstance(value, float) and not math.isfinite(value):
+        die(f"{key}={value}: must be a finite number")
+    if not rule or value is None:
+        return
+    bound = re.fullmatch(r'(>=?)\s*(\S+)', rule)
+    interval = re.fullmatch(r'([\[(])\s*([^,]+),\s*([^\])]+)([\])])', rule)
+    if isinstance(value, str):
+        if not re.fullmatch(rule, value):
+            die(f"{key}={value!r}: must be one of {rule}")
+        return
+    if bound:
+        low = float(bound[2])
+        ok = value >= low if bound[1] == '>=' else value > low
+    elif interval:
+        low, high = float(interval[2]), float(interval[3])
+        ok = ((low <= value if interval[1] == '[' else low < value)
+              and (value <= high if interval[4] == ']' else value < high))
+    else:
+        raise ValueError(f"bad rule {rule!r} for {key}")  # a mistake in the script, not the user's
+    if not ok:
+        die(f"{key}={value!r}: must be {'in ' if interval else ''}{rule}")
+
+
 def parse_value(text):
     if text in ('true', 'false'):  # forgive lower case booleans from shell habits
         return text == 'true'
@@ -46,9 +75,10 @@ def parse_value(text):
         return text  # a bare string: --device=cpu, --dataset=pydocs
 
 
-def configure(defaults, argv=None, strict_files=True):
+def configure(defaults, argv=None, strict_files=True, rules=None):
     # strict_files=False: a config file may set knobs this script does not use (plan.py reads
     # only the model shape and batch from a train config); the command line is always strict.
+    # rules: knob -> rule (check_rule), checked on the final values, every knob in it.
     argv = sys.argv[1:] if argv is None else argv
     config = dict(defaults)
     for arg in argv:
@@ -73,4 +103,6 @@ def configure(defaults, argv=None, strict_files=True):
             for key, value in scope.items():
                 if is_knob(key, value) and (strict_files or key in defaults):
                     config[key] = check(key, value, defaults, arg)
+    for key, rule in (rules or {}).items():
+        check_rule(key, config[key], rule)
     return config

@@ -12,7 +12,6 @@ ranks and micro-batches is the planner's business (plan.py); the gradient is alw
 of the whole batch, as if one device had computed it.
 """
 import functools
-import json
 import math
 import os
 import re
@@ -20,6 +19,14 @@ import shutil
 import signal
 import time
 from contextlib import nullcontext
+from datetime import timedelta
+
+from configurator import configure, die, is_knob
+# Ctrl-C, preemption (SIGTERM) or Slurm's warning (SIGUSR1) before training starts (imports
+# included): one line, nothing to save. The training loop below takes these signals over.
+for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+    signal.signal(sig, lambda signum, frame: die(
+        f"stopped by {signal.Signals(signum).name} while starting; nothing was written"))
 
 import numpy as np
 import torch
@@ -29,9 +36,9 @@ from torch.utils.checkpoint import checkpoint
 
 import plan as planner
 import ckpt
+import guard
 import hf
 from ckpt import checkpoints
-from configurator import configure, die, is_knob
 from model import GPT, LMHeadLoss, chunk_loss, config_from
 
 # -----------------------------------------------------------------------------
@@ -80,32 +87,30 @@ memory_fraction = 0.9      # of each device's memory the planner may use
 init_device = 'auto'       # 'cpu': whole model on the host first; 'meta': each rank makes its shard; 'auto'
 balance = 'auto'           # split of the batch over ranks: 'auto' (measured speed), 'even', or weights '3,1,1'
 rebalance_interval = 50    # steps between re-measuring the ranks' speed (balance=auto)
+stall_timeout = 300        # seconds with no progress before ranks give up on a silent one; 0: never
 # -----------------------------------------------------------------------------
-config = configure({k: v for k, v in globals().items() if is_knob(k, v)})
+# What each knob may be (configurator.check_rule): a bound, an interval, or a pattern to match.
+RULES = {
+    'out_dir': '.+', 'init_from': 'scratch|resume|auto|gpt2(-medium|-large|-xl)?', 'dataset': '.+',
+    'eval_interval': '> 0', 'eval_iters': '> 0', 'log_interval': '> 0',
+    'checkpoint_interval': '>= 0', 'keep_last': '>= 1',
+    'wandb_log': '', 'wandb_project': '', 'wandb_run_name': '',
+    'n_layer': '> 0', 'n_head': '> 0', 'n_embd': '> 0', 'block_size': '> 0', 'vocab_size': '> 0',
+    'dropout': '[0, 1)', 'bias': '', 'init_std': '> 0',
+    'batch_size': '> 0', 'learning_rate': '> 0', 'max_iters': '> 0', 'weight_decay': '>= 0',
+    'beta1': '[0, 1)', 'beta2': '[0, 1)', 'adam_eps': '>= 0', 'grad_clip': '>= 0',
+    'max_bad_steps': '>= 1', 'warmup_iters': '>= 0', 'lr_decay_iters': '>= 0', 'min_lr': '>= 0',
+    'seed': '>= 0', 'device': 'auto|cpu|cuda(:[0-9]+)?', 'dtype': 'auto|float32|bfloat16|float16',
+    'compile': '', 'plan': r'auto|ddp|ddp\+ac|fsdp|fsdp\+ac|fsdp\+offload|fsdp\+ac\+offload',
+    'micro_batch_size': '>= 0', 'memory_fraction': '(0, 1]', 'init_device': 'auto|cpu|meta',
+    'balance': r'auto|even|[0-9.,]+', 'rebalance_interval': '> 0', 'stall_timeout': '>= 0'}
+config = configure({k: v for k, v in globals().items() if is_knob(k, v)}, rules=RULES)
 globals().update(config)
-for k in ('n_layer', 'n_head', 'n_embd', 'block_size', 'vocab_size', 'batch_size', 'max_iters', 'eval_iters',
-          'log_interval', 'eval_interval', 'keep_last'):
-    if config[k] <= 0:
-        die(f"{k}={config[k]} must be positive")
 if n_embd % n_head:
     die(f"n_embd={n_embd} is not divisible by n_head={n_head}; pick n_head among "
         f"{[h for h in range(1, 129) if n_embd % h == 0][-6:]}")
-for ok, msg in [
-        (learning_rate > 0 and 0 <= min_lr <= learning_rate, f"learning_rate={learning_rate}, min_lr={min_lr}: need 0 <= min_lr <= learning_rate, learning_rate > 0"),
-        (warmup_iters >= 0 and lr_decay_iters >= 0, "warmup_iters and lr_decay_iters must be >= 0"),
-        (checkpoint_interval >= 0, f"checkpoint_interval={checkpoint_interval}: >= 0 (0: none)"),
-        (weight_decay >= 0 and grad_clip >= 0, "weight_decay and grad_clip must be >= 0 (grad_clip=0 disables clipping)"),
-        (0 <= dropout < 1, f"dropout={dropout} must be in [0, 1)"),
-        (0 < memory_fraction <= 1, f"memory_fraction={memory_fraction} must be in (0, 1]"),
-        (dtype in ('auto', 'float32', 'bfloat16', 'float16'), f"dtype={dtype!r}: choose auto, float32, bfloat16 or float16"),
-        (device in ('auto', 'cpu', 'cuda') or device.startswith('cuda:'), f"device={device!r}: choose auto, cpu or cuda"),
-        (init_from in ('scratch', 'resume', 'auto') or init_from.startswith('gpt2'),
-         f"init_from={init_from!r}: choose scratch, resume, auto, or gpt2, gpt2-medium, gpt2-large, gpt2-xl"),
-        (init_device in ('auto', 'cpu', 'meta'), f"init_device={init_device!r}: choose auto, cpu or meta")]:
-    if not ok:
-        die(msg)
-if plan not in ('auto',) + planner.STRATEGIES:
-    die(f"plan={plan!r}: choose auto or one of {', '.join(planner.STRATEGIES)}")
+if min_lr > learning_rate:
+    die(f"min_lr={min_lr} is above learning_rate={learning_rate}: lower min_lr")
 
 world_size = int(os.environ.get('WORLD_SIZE', 1))  # set by torchrun, as the three below
 rank, local_rank = int(os.environ.get('RANK', 0)), int(os.environ.get('LOCAL_RANK', 0))
@@ -123,6 +128,12 @@ try:  # fail now, not at the first checkpoint an hour from here
     os.remove(probe_file)
 except OSError as e:
     die(f"out_dir={out_dir!r} is not writable ({e.strerror}); choose another out_dir")
+if rank == 0:
+    guard.lock(out_dir)
+found = checkpoints(out_dir)
+if init_from not in ('resume', 'auto') and found:  # else its metrics are lost, its checkpoints pruned
+    die(f"{out_dir} holds another run's checkpoints (latest {os.path.basename(found[-1])}): "
+        f"init_from=auto to go on from it, or another out_dir")
 
 # distributed set-up: every run has a process group, one rank or many, so the code has one path
 if device == 'auto':
@@ -141,9 +152,15 @@ if world_size > 1:
     # can read the dead ones' addresses and fail to connect.
     store, _, _ = next(dist.rendezvous('env://'))
     store = dist.PrefixStore(f"attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)}", store)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
+    # A silent rank is found by the watchdog below; the groups' own timeout only backs it up.
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=5 * stall_timeout or 1800))
 else:
+    store = None
     dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+# Ends this rank, naming the silent one, when no step completes for stall_timeout seconds (four
+# times that during start-up and checkpoint writes).
+watchdog = guard.Watchdog(store, rank, world_size, stall_timeout, limit_factor=4)
 master = rank == 0
 dtype_why = 'set'
 if dtype == 'auto':  # bfloat16 where the hardware computes it (CUDA; a CPU with AVX512-BF16 or AMX), else float32
@@ -174,6 +191,10 @@ def load_tokens(split):
     if len(tokens) <= block_size + 1:
         die(f"{path} has {len(tokens)} tokens, fewer than block_size+1={block_size + 1}; "
             f"lower block_size or prepare more data")
+    top = guard.max_token(path, tokens)  # the whole file, once (cached next to it)
+    if top >= vocab_size:
+        die(f"{path} holds token id {top}, not below vocab_size={vocab_size}: wrong tokenizer "
+            f"or dtype, or raise vocab_size")
     return tokens
 
 
@@ -189,8 +210,6 @@ def get_batch(split, offsets):
     tokens = data[split]
     x = np.stack([tokens[i:i + block_size] for i in offsets]).astype(np.int64)
     y = np.stack([tokens[i + 1:i + 1 + block_size] for i in offsets]).astype(np.int64)
-    if x.max(initial=0) >= vocab_size or y.max(initial=0) >= vocab_size:
-        die(f"data/{dataset}/{split}.bin holds token ids >= vocab_size={vocab_size}: wrong tokenizer or dtype")
     # CUDA: from pinned memory the copy is asynchronous: the host does not wait for the device
     pinned = lambda t: t.pin_memory().to(device, non_blocking=True) if device_type == 'cuda' else t
     return pinned(torch.from_numpy(x)), pinned(torch.from_numpy(y))
@@ -198,7 +217,6 @@ def get_batch(split, offsets):
 
 # -----------------------------------------------------------------------------
 # model and plan
-found = checkpoints(out_dir)
 if init_from == 'resume' and not found:
     die(f"init_from=resume but {out_dir} has no checkpoint; train first or use init_from=auto")
 resume_from = found[-1] if found and init_from in ('resume', 'auto') else None
@@ -296,6 +314,7 @@ def clock(sync):  # seconds; with sync, after the GPU's queued work has finished
 def forward(split, offsets, weight):
     # Sum of token losses, × weight. An empty micro-batch runs one sequence × 0 so that this rank
     # still issues the collectives of a forward and backward.
+    watchdog.progress()
     x, y = get_batch(split, offsets if len(offsets) else batch_offsets(split, -1, 1))
     with autocast:
         _, loss = model(x, y, reduction='sum')
@@ -383,17 +402,14 @@ if master:  # drop checkpoints a killed run left half-written, and metrics past 
     for d in os.listdir(out_dir):
         if d.endswith('.tmp'):
             shutil.rmtree(os.path.join(out_dir, d), ignore_errors=True)
-    rows = [line for line in open(metrics_path)] if os.path.exists(metrics_path) and resume_from else []
-    with open(metrics_path, 'w') as f:
-        f.writelines(r for r in rows if json.loads(r)['iter'] <= iter_num)
-        # the plan against the probe step, rank 0's (for bench/ and for the record)
-        f.write(json.dumps({'iter': iter_num, 'plan': run_plan.strategy, 'ac': ac,
-                            'micro_batch': caps[0],
-                            'pred_gib': run_plan.predicted[0]['total'] / 2**30,
-                            'pred_host_gib': run_plan.predicted[0]['host_rank'] / 2**30,
-                            'pred_tokens_per_sec': run_plan.tokens_per_sec,
-                            'probe_gib': peak_mem / 2**30, 'probe_alloc_gib': peak_alloc / 2**30,
-                            'overhead_gib': (me['overhead'] or 0) / 2**30}) + '\n')
+    rows = guard.read_rows(metrics_path) if resume_from else []  # (a torn last line is skipped)
+    # the plan against the probe step, rank 0's (for bench/ and for the record)
+    guard.rewrite_rows(metrics_path, [r for r in rows if r['iter'] <= iter_num] + [{
+        'iter': iter_num, 'plan': run_plan.strategy, 'ac': ac, 'micro_batch': caps[0],
+        'pred_gib': run_plan.predicted[0]['total'] / 2**30,
+        'pred_host_gib': run_plan.predicted[0]['host_rank'] / 2**30,
+        'pred_tokens_per_sec': run_plan.tokens_per_sec, 'probe_gib': peak_mem / 2**30,
+        'probe_alloc_gib': peak_alloc / 2**30, 'overhead_gib': (me['overhead'] or 0) / 2**30}])
 shares = planner.weighted_split(batch_size, [1.0] * world_size)  # even
 if balance == 'auto' and world_size > 1:
     speed_c0, speed_c1 = measure_speed()
@@ -411,6 +427,11 @@ def evaluate():
     dist.all_reduce(count, op=dist.ReduceOp.MAX)
     total = torch.zeros((), device=device)
     for piece in np.array_split(mine, int(count)):
+        stop = torch.tensor(len(stop_signals))  # a signal: the checkpoint matters, not this eval
+        dist.all_reduce(stop)
+        if stop:
+            model.train()
+            return None
         total += forward('val', piece, 1.0)[1].float()
     dist.all_reduce(total)  # on the device (NCCL under CUDA)
     model.train()
@@ -435,8 +456,7 @@ if wandb_log and master:
 
 def record(row):
     if master:
-        with open(metrics_path, 'a') as f:
-            f.write(json.dumps(row) + '\n')
+        guard.append_row(metrics_path, row)
         if wandb_run:
             wandb_run.log(row, step=row['iter'])
 
@@ -448,16 +468,27 @@ log(f"{raw_model.num_params(False):,} parameters; {world_size} rank(s) on {devic
 
 def validate():
     val = evaluate()
+    if val is None:
+        return
     log(f"iter {iter_num}: val loss {val:.4f}")
     record({'iter': iter_num, 'tokens': iter_num * tokens_per_step, 'val_loss': val})
 
 
+stop_signals = []  # from here a signal checkpoints at the end of the step; a 2nd Ctrl-C stops now
+
+
+def on_signal(signum, frame):
+    stop_signals.append(signum)
+    if stop_signals.count(signal.SIGINT) > 1:
+        die(f"interrupted twice: stopped without a checkpoint; the last is "
+            f"{(checkpoints(out_dir) or ['none'])[-1]}")
+
+
+for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+    signal.signal(sig, on_signal)
 if iter_num == 0:
     validate()
 bad_run = worst_run = skipped = torch.zeros((), device=device)
-stop_signals = []  # SIGTERM (preemption) or SIGUSR1 (Slurm's warning): checkpoint at the end of the step
-for sig in (signal.SIGTERM, signal.SIGUSR1):
-    signal.signal(sig, lambda signum, frame: stop_signals.append(signum))
 busy = torch.zeros(2, dtype=torch.float64)  # smoothed (compute, whole step) seconds of this rank
 t_log, steps_since, loss_acc = time.perf_counter(), 0, torch.zeros((), device=device)
 while iter_num < max_iters:
@@ -540,11 +571,13 @@ while iter_num < max_iters:
     dist.all_reduce(stop)  # a signal may reach the ranks at different steps
     due = checkpoint_interval and (iter_num % checkpoint_interval == 0 or iter_num == max_iters)
     if due or stop:
+        watchdog.progress(limit_factor=4)
         ckpt.save(out_dir, iter_num, model, optimizer, {'model_args': vars(model_args), 'config': config}, keep_last)
     if stop:
         log(f"iter {iter_num}: stopped by a signal; checkpoint saved, init_from=resume continues")
         break
     t_log += time.perf_counter() - t_pause
+    watchdog.progress(limit_factor=1)
 
 if wandb_run:
     wandb_run.finish()

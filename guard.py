@@ -1,0 +1,199 @@
+"""
+What keeps a run safe from other runs and from its own faults, for train.py: the lock on out_dir,
+the metrics file (rewritten atomically, appended without ever stopping training), the token check
+of a data file, and the watchdog that ends a job whose ranks stopped answering.
+"""
+import atexit
+import json
+import os
+import socket
+import sys
+import threading
+import time
+
+import numpy as np
+
+from configurator import die
+
+
+# -----------------------------------------------------------------------------
+# out_dir lock: one run per out_dir. Two runs at once would interleave metrics.jsonl and prune each
+# other's checkpoints. The lock is a file made with O_EXCL holding its owner; it is taken over when
+# that owner is gone: a dead process on this host, or an earlier attempt of this torchrun job.
+def _start_time(pid):
+    # The process's start time in clock ticks since boot (Linux): a reused pid has another one.
+    try:
+        return open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _stale(owner):
+    if owner.get('job') and owner['job'] == os.environ.get('TORCHELASTIC_RUN_ID'):
+        return True  # a restart of this very job (torchrun --max-restarts)
+    if owner.get('host') != socket.gethostname():
+        return False  # can't tell from here
+    start = _start_time(owner.get('pid'))
+    return start is None or start != owner.get('start')
+
+
+def lock(out_dir):
+    path = os.path.join(out_dir, '.lock')
+    me = {'pid': os.getpid(), 'host': socket.gethostname(), 'start': _start_time(os.getpid()),
+          'job': os.environ.get('TORCHELASTIC_RUN_ID')}
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                owner = json.load(open(path))
+                assert isinstance(owner, dict)
+            except (OSError, ValueError, AssertionError):
+                owner = {}  # torn by a crash between create and write: nobody's
+            if owner and not _stale(owner):
+                die(f"{out_dir} is in use by another run (pid {owner.get('pid')} on "
+                    f"{owner.get('host')}); wait for it, use another out_dir, or delete "
+                    f"{path} if that run is gone")
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
+            continue
+        with os.fdopen(fd, 'w') as f:
+            json.dump(me, f)
+        atexit.register(lambda: _unlock(path, me))
+        return
+    die(f"cannot take the lock {path}: another run keeps taking it; use another out_dir")
+
+
+def _unlock(path, me):
+    try:
+        if json.load(open(path)) == me:
+            os.remove(path)
+    except (OSError, ValueError):
+        pass
+
+
+# -----------------------------------------------------------------------------
+# metrics.jsonl: a row per log line and eval. A kill or a full disk can tear the last line.
+def read_rows(path):
+    rows = []
+    if os.path.exists(path):
+        for line in open(path, errors='replace'):
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue  # a torn line
+            if isinstance(row, dict) and isinstance(row.get('iter'), int):
+                rows.append(row)
+    return rows
+
+
+def rewrite_rows(path, rows):
+    # Through a temporary file and a rename: a crash leaves the old file or the new, never half.
+    tmp = path + '.tmp'
+    with open(tmp, 'w') as f:
+        f.writelines(json.dumps(r) + '\n' for r in rows)
+    os.replace(tmp, path)
+
+
+_append_failed = []
+
+
+def append_row(path, row):
+    # Never stops training: a full or read-only disk gets one line, once (the next checkpoint
+    # will say what to do if the disk stays full).
+    try:
+        with open(path, 'a') as f:
+            f.write(json.dumps(row) + '\n')
+    except OSError as e:
+        if not _append_failed:
+            print(f"warning: cannot append to {path} ({e.strerror}); training goes on, the rows "
+                  f"are in the log lines", file=sys.stderr, flush=True)
+        _append_failed.append(row['iter'])
+
+
+# -----------------------------------------------------------------------------
+# data: every token id of a file below vocab_size, checked once (chunked, vectorised) and the
+# file's largest id cached next to it, keyed by its size and modification time.
+def max_token(path, tokens, chunk=1 << 26):
+    st = os.stat(path)
+    key = {'size': st.st_size, 'mtime_ns': st.st_mtime_ns}
+    cache = path + '.max.json'
+    try:
+        cached = json.load(open(cache))
+        if isinstance(cached, dict) and {k: cached.get(k) for k in key} == key:
+            return int(cached['max'])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    top = max((int(tokens[i:i + chunk].max()) for i in range(0, len(tokens), chunk)), default=0)
+    try:  # a read-only data directory just means checking again next time
+        with open(cache + f'.{os.getpid()}', 'w') as f:
+            json.dump({**key, 'max': top}, f)
+        os.replace(cache + f'.{os.getpid()}', cache)
+    except OSError:
+        pass
+    return top
+
+
+# -----------------------------------------------------------------------------
+# Watchdog. A rank that stops (SIGSTOP, a swapped-out host, a frozen GPU) leaves the others waiting
+# in a collective, by default for 30 minutes. Each rank's thread bumps a counter in the rendezvous
+# store every few seconds; when this rank's main thread has made no progress for `limit` seconds,
+# it looks for counters that stopped moving, names those ranks and ends this process, so that
+# torchrun (--max-restarts) restarts the group from the last checkpoint.
+class Watchdog:
+
+    def __init__(self, store, rank, world_size, timeout, limit_factor):
+        # store None or timeout 0: no watchdog (one process has nobody to wait for)
+        self.store, self.rank, self.world_size = store, rank, world_size
+        self.timeout, self.limit = timeout, timeout * limit_factor
+        self.period = max(0.2, min(5.0, timeout / 8))
+        self.last = time.monotonic()
+        if store is not None and timeout:
+            store.set(f'who/{rank}', f"{socket.gethostname()} pid {os.getpid()}")
+            store.add(f'alive/{rank}', 1)
+            threading.Thread(target=self._watch, daemon=True).start()
+
+    def progress(self, limit_factor=None):
+        # Called by the main thread as it works. limit_factor: the wait in units of timeout from
+        # now on (more for start-up, with its compiles, and for checkpoint writes); None: as it was.
+        self.last = time.monotonic()
+        if limit_factor is not None:
+            self.limit = self.timeout * limit_factor
+
+    def _counters(self):
+        return [self.store.add(f'alive/{r}', 0) for r in range(self.world_size)]
+
+    def _watch(self):
+        try:
+            self._run()
+        except Exception:  # the store is gone: torchrun itself is ending the job
+            pass
+
+    def _run(self):
+        while True:
+            time.sleep(self.period)
+            self.store.add(f'alive/{self.rank}', 1)
+            if time.monotonic() - self.last < self.limit:
+                continue
+            before = self._counters()
+            for _ in range(4):  # beat on while the others get three chances to beat
+                time.sleep(self.period)
+                self.store.add(f'alive/{self.rank}', 1)
+            if time.monotonic() - self.last < self.limit:
+                continue  # the main thread moved on meanwhile
+            silent = [r for r, a, b in zip(range(self.world_size), before, self._counters())
+                      if a == b and r != self.rank]
+            waited = time.monotonic() - self.last
+            if silent:
+                names = ', '.join(f"rank {r} ({self.store.get(f'who/{r}').decode()})"
+                                  for r in silent)
+                cause = f"{names} stopped answering"
+            else:
+                cause = "every rank is alive but none finished its step (a hung device?)"
+            print(f"error: rank {self.rank}: no progress for {waited:.0f} s: {cause}; exiting so "
+                  f"that torchrun --max-restarts resumes from the last checkpoint (stall_timeout "
+                  f"sets the wait)", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(2)

@@ -1,0 +1,377 @@
+"""Issue 11: a tampered checkpoint runs nothing, a new run never deletes another's checkpoints, a
+silent rank ends the job, one run per out_dir, metrics.jsonl survives tearing and full disks, every
+knob is range-checked, signals at any moment, bad token ids at start-up, torn checkpoint metadata."""
+import ast
+import json
+import os
+import pickle
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from trainer import ROOT, TINY, latest_checkpoint, make_dataset, run_train, train_command
+import configurator
+
+RUN = TINY + ['--batch_size=4', '--eval_interval=100']
+TEN = RUN + ['--max_iters=10', '--checkpoint_interval=1', '--keep_last=2']  # ckpt 9 and 10 kept
+
+
+def env(**extra):
+    return dict(os.environ, OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore', **extra)
+
+
+def one_error_line(p):
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
+    assert len(lines) == 1 and lines[0].startswith('error: ') and 'Traceback' not in p.stderr, p.stderr
+    return lines[0]
+
+
+def snapshot(out):
+    # Every file under out with its bytes: "nothing saved was touched" compares two of these.
+    return {os.path.relpath(os.path.join(d, f), out): open(os.path.join(d, f), 'rb').read()
+            for d, _, files in os.walk(out) for f in files if f != '.lock'}
+
+
+@pytest.fixture(scope='module')
+def work(tmp_path_factory):
+    root = tmp_path_factory.mktemp('hardening')
+    make_dataset(root)
+    run_train(root, *TEN, '--out_dir=ten')
+    return root
+
+
+# -----------------------------------------------------------------------------
+# 1. Code execution from a checkpoint's metadata
+def gadget(module, name, args):
+    # A protocol-4 pickle calling module's attribute path `name` (STACK_GLOBAL) with args.
+    def text(s):
+        return pickle.SHORT_BINUNICODE + bytes([len(s)]) + s.encode()
+    body = pickle.dumps(args, protocol=4)[2:-1]  # args alone: no PROTO, no STOP
+    if body[:1] == pickle.FRAME:
+        body = body[9:]
+    return pickle.PROTO + b'\x04' + text(module) + text(name) + pickle.STACK_GLOBAL + body + \
+        pickle.REDUCE + pickle.STOP
+
+
+GADGETS = {  # walks from DCP's own metadata module to a command, as the report describes
+    'popen_via_metadata': ('torch.distributed.checkpoint.metadata',
+                           'torch._strobelight.cli_function_profiler.subprocess.Popen',
+                           (['touch', 'PWNED'],)),
+    'system_via_metadata': ('torch.distributed.checkpoint.metadata', 'os.system', ('touch PWNED',)),
+    'exec_via_torch': ('torch', 'builtins.exec', ("open('PWNED', 'w')",)),
+    'popen_plain': ('subprocess', 'Popen', (['touch', 'PWNED'],)),
+}
+
+
+@pytest.mark.parametrize('name', sorted(GADGETS))
+def test_each_gadget_is_live_under_plain_pickle(tmp_path, name):
+    # The payloads are real: Python's own unpickler runs them (in a throwaway process).
+    (tmp_path / 'payload').write_bytes(gadget(*GADGETS[name]))
+    code = "import pickle, time, torch.distributed.checkpoint.metadata; " \
+           "pickle.load(open('payload', 'rb')); time.sleep(0.5)"
+    subprocess.run([sys.executable, '-c', code], cwd=tmp_path, env=env(), capture_output=True)
+    assert (tmp_path / 'PWNED').exists()
+
+
+@pytest.mark.parametrize('entry', ['train', 'sample'])
+@pytest.mark.parametrize('name', sorted(GADGETS))
+def test_tampered_metadata_runs_nothing(work, tmp_path, entry, name):
+    out = tmp_path / 'run'
+    shutil.copytree(work / 'ten', out)
+    ckpt = latest_checkpoint(out)
+    open(os.path.join(ckpt, '.metadata'), 'wb').write(gadget(*GADGETS[name]))
+    before = snapshot(out)
+    shutil.copytree(work / 'data', tmp_path / 'data')
+    if entry == 'train':
+        cmd = train_command() + RUN + ['--max_iters=12', f'--out_dir={out}', '--init_from=resume']
+    else:
+        cmd = [sys.executable, os.path.join(ROOT, 'sample.py'), f'--out_dir={out}', '--max_new_tokens=2']
+    p = subprocess.run(cmd, cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=300)
+    time.sleep(0.5)  # a spawned command would have had time to run
+    assert 'damaged' in one_error_line(p) and 'not allowed' in p.stderr
+    assert not (tmp_path / 'PWNED').exists()
+    assert snapshot(out) == before
+
+
+# -----------------------------------------------------------------------------
+# 2. A new run over another run's checkpoints
+def test_scratch_over_another_runs_checkpoints_is_refused_and_touches_nothing(work, tmp_path):
+    out = tmp_path / 'ten'
+    shutil.copytree(work / 'ten', out)
+    assert sorted(os.listdir(out)) == ['ckpt_00000009', 'ckpt_00000010', 'metrics.jsonl']
+    before = snapshot(out)
+    for init in ('scratch', 'gpt2'):
+        p = run_train(work, *RUN, '--max_iters=4', '--checkpoint_interval=2', '--keep_last=2',
+                      f'--out_dir={out}', f'--init_from={init}', check=False)
+        assert 'init_from=auto' in one_error_line(p) and 'ckpt_00000010' in p.stderr
+        assert snapshot(out) == before
+    p = run_train(work, *RUN, '--max_iters=12', '--checkpoint_interval=2', '--keep_last=2',
+                  f'--out_dir={out}', '--init_from=auto')
+    assert 'resumed from' in p.stdout and 'ckpt_00000010' in p.stdout
+    assert sorted(os.listdir(out)) == ['ckpt_00000010', 'ckpt_00000012', 'metrics.jsonl']
+
+
+def test_the_checkpoint_just_written_is_never_pruned(work, tmp_path):
+    # Saving iter 4 into a directory whose other checkpoints are newer (9, 10) keeps 4 and the
+    # newest other (keep_last=2): pruning by number alone deleted the one just written.
+    out = tmp_path / 'older'
+    shutil.copytree(work / 'ten', out)
+    code = f"""
+import sys; sys.path.insert(0, {ROOT!r})
+import torch, torch.distributed as dist
+import ckpt
+from model import GPT, GPTConfig
+dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)
+model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=64))
+opt = torch.optim.AdamW(model.parameters())
+ckpt.save({str(out)!r}, 4, model, opt, {{}}, keep_last=2)
+dist.destroy_process_group()
+"""
+    subprocess.run([sys.executable, '-c', code], env=env(), check=True, capture_output=True)
+    assert sorted(d for d in os.listdir(out) if d.startswith('ckpt')) == ['ckpt_00000004', 'ckpt_00000010']
+
+
+# -----------------------------------------------------------------------------
+# 3. A stalled rank
+def rank_pids(torchrun_pid):
+    # torchrun's worker processes, by their RANK.
+    pids = {}
+    for child in open(f'/proc/{torchrun_pid}/task/{torchrun_pid}/children').read().split():
+        environ = open(f'/proc/{child}/environ', 'rb').read().split(b'\0')
+        ranks = [e.split(b'=', 1)[1] for e in environ if e.startswith(b'RANK=')]
+        if ranks:
+            pids[int(ranks[0])] = int(child)
+    return pids
+
+
+def test_a_stopped_rank_is_named_and_torchrun_restarts_the_group_which_resumes(work):
+    out = work / 'stalled'
+    args = RUN + ['--max_iters=400', '--checkpoint_interval=5', '--balance=even', '--stall_timeout=3',
+                  f'--out_dir={out.name}', '--init_from=auto', '--log_interval=1']
+    cmd = train_command(2, torchrun_args=['--max-restarts=1']) + args
+    p = subprocess.Popen(cmd, cwd=work, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    stopped = None
+    for line in p.stdout:
+        if line.startswith('iter 12: loss') and stopped is None:
+            stopped = rank_pids(p.pid)[1]
+            os.kill(stopped, signal.SIGSTOP)  # as a frozen GPU or a swapped-out host would
+            t_stop = time.time()
+            break
+    rest, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err[-3000:]
+    named = [line for line in err.splitlines() if 'stopped answering' in line]
+    assert named and 'rank 1 (' in named[0] and f'pid {stopped}' in named[0], err[-3000:]
+    assert 'resumed from' in rest and 'iter 400: val loss' in rest
+    assert time.time() - t_stop < 120  # seconds, not gloo's default 30 minutes
+
+
+# -----------------------------------------------------------------------------
+# 4. One run per out_dir
+def test_a_second_run_on_the_same_out_dir_is_refused_while_the_first_runs(work):
+    out = work / 'locked'
+    first = subprocess.Popen(train_command() + RUN + ['--max_iters=100000', f'--out_dir={out.name}'],
+                             cwd=work, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    for line in first.stdout:
+        if line.startswith('iter 2: loss'):
+            break
+    p = run_train(work, *RUN, '--max_iters=4', f'--out_dir={out.name}', '--init_from=auto', check=False)
+    assert f'pid {first.pid}' in one_error_line(p) and 'in use' in p.stderr
+    first.send_signal(signal.SIGTERM)
+    first.communicate(timeout=120)
+    assert first.returncode == 0 and not (out / '.lock').exists()
+
+
+def test_a_stale_lock_from_a_dead_process_is_taken_over(work):
+    out = work / 'stale'
+    os.makedirs(out)
+    dead = subprocess.Popen(['true'])
+    dead.wait()
+    import socket
+    (out / '.lock').write_text(json.dumps({'pid': dead.pid, 'host': socket.gethostname(), 'start': '1'}))
+    run_train(work, *RUN, '--max_iters=2', f'--out_dir={out.name}')
+    assert not (out / '.lock').exists() and (out / 'ckpt_00000002').exists()
+    (out / '.lock').write_text(json.dumps({'pid': 1, 'host': 'another-host', 'start': '1'}))
+    p = run_train(work, *RUN, '--max_iters=3', f'--out_dir={out.name}', '--init_from=auto', check=False)
+    assert 'another-host' in one_error_line(p) and '.lock' in p.stderr
+
+
+# -----------------------------------------------------------------------------
+# 5. metrics.jsonl
+def test_a_torn_metrics_line_is_skipped_on_resume(work, tmp_path):
+    out = tmp_path / 'torn'
+    shutil.copytree(work / 'ten', out)
+    with open(out / 'metrics.jsonl', 'a') as f:
+        f.write('{"iter": 11, "tokens": 3')  # a kill -9 mid-append
+    run_train(work, *RUN, '--max_iters=12', f'--out_dir={out}', '--init_from=resume')
+    rows = [json.loads(line) for line in open(out / 'metrics.jsonl')]  # every line parses
+    assert [r['iter'] for r in rows if 'loss' in r] == list(range(1, 13))
+
+
+def test_a_full_disk_for_metrics_is_one_warning_and_training_goes_on(work):
+    # A real write failure: the file size limit (RLIMIT_FSIZE) makes appends past it fail with
+    # EFBIG, as a full disk fails them with ENOSPC. No checkpoints, so only metrics grow.
+    out = work / 'fsize'
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1200, 1200))
+    p = subprocess.run(train_command() + RUN + ['--max_iters=12', '--checkpoint_interval=0',
+                       f'--out_dir={out.name}'], cwd=work, env=env(), capture_output=True, text=True,
+                       preexec_fn=limit, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    warnings = [line for line in p.stderr.splitlines() if line.strip()]
+    assert len(warnings) == 1 and 'cannot append' in warnings[0] and 'metrics.jsonl' in warnings[0]
+    assert 'iter 12: loss' in p.stdout
+    assert os.path.getsize(out / 'metrics.jsonl') <= 1200
+
+
+# -----------------------------------------------------------------------------
+# 6. Every knob's range, walked from train.py's own table
+def train_knobs():
+    tree = ast.parse(open(os.path.join(ROOT, 'train.py')).read())
+    defaults, rules = {}, None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            name = node.targets[0].id
+            if name == 'RULES':
+                rules = ast.literal_eval(node.value)
+            elif isinstance(node.value, ast.Constant) and configurator.is_knob(name, node.value.value):
+                defaults[name] = node.value.value
+            elif name == 'config':
+                break
+    return defaults, rules
+
+
+def wrong_values(default, rule):
+    # A value of the wrong type, and values the rule text excludes (derived here, not from the code).
+    wrong_type = 3 if isinstance(default, str) else 'many' if not isinstance(default, bool) else 2
+    if isinstance(default, str):
+        return [wrong_type] + (['no such choice!'] if rule not in ('', '.+') else [''] if rule else [])
+    out = [wrong_type, float('nan')] if isinstance(default, float) else [wrong_type]
+    if rule.startswith('>='):
+        out.append(type(default)(float(rule[2:]) - 1))
+    elif rule.startswith('>'):
+        out.append(type(default)(float(rule[1:])))
+    elif rule and rule[0] in '[(':
+        low, high = (float(x) for x in rule[1:-1].split(','))
+        out += [type(default)(high) if rule[-1] == ')' else high + 1, low - 1 if rule[0] == '[' else low]
+    return out
+
+
+def test_every_knob_has_a_rule_and_each_wrong_value_is_one_line(capsys):
+    defaults, rules = train_knobs()
+    assert set(rules) == set(defaults), set(rules) ^ set(defaults)
+    walked = 0
+    for key, default in defaults.items():
+        for value in wrong_values(default, rules[key]):
+            argv = [f'--{key}={value}'] if not isinstance(value, (int, float)) or isinstance(
+                default, (int, float)) else []
+            if not argv:  # a number for a string knob: only a config file can say that
+                path = os.path.join(ROOT, 'tests', f'.knob_{os.getpid()}.py')
+                open(path, 'w').write(f'{key} = {value!r}\n')
+                argv = [path]
+            try:
+                with pytest.raises(SystemExit) as e:
+                    configurator.configure(defaults, argv, rules=rules)
+            finally:
+                if argv[0].endswith('.py'):
+                    os.remove(argv[0])
+            err = capsys.readouterr().err.strip().splitlines()
+            assert e.value.code == 2 and len(err) == 1 and key in err[0], (key, value, err)
+            walked += 1
+    assert walked >= 2 * len(defaults)
+    # and the defaults themselves pass
+    assert configurator.configure(defaults, [], rules=rules) == defaults
+
+
+@pytest.mark.parametrize('arg', ['--beta2=1.0', '--seed=-1', '--max_bad_steps=0', '--init_std=0',
+                                 '--adam_eps=-1e-8', '--plan=zero3', '--learning_rate=inf'])
+def test_range_mistakes_end_to_end(work, arg):
+    p = run_train(work, *RUN, '--max_iters=2', '--out_dir=never', arg, check=False)
+    assert arg.split('=')[0][2:] in one_error_line(p)
+    assert not (work / 'never').exists()
+
+
+# -----------------------------------------------------------------------------
+# 7. Signals
+def test_ctrl_c_while_starting_is_one_line_and_writes_nothing(work):
+    out = work / 'interrupted_early'
+    p = subprocess.Popen(train_command() + RUN + ['--max_iters=4', f'--out_dir={out.name}'], cwd=work,
+                         env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.7)  # importing torch
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    p.stderr = err
+    assert 'SIGINT' in one_error_line(p)
+    assert not out.exists() or snapshot(out) == {}
+
+
+def test_ctrl_c_during_a_long_eval_stops_without_waiting_for_it(work):
+    # The first evaluation (iter 0) of 32,000 sequences takes many seconds; Ctrl-C one second into
+    # it ends it, runs to the end of the next step, saves and exits.
+    out = work / 'interrupted_eval'
+    args = RUN + ['--max_iters=100', '--eval_iters=4000', f'--out_dir={out.name}']
+    p = subprocess.Popen(train_command() + args, cwd=work, env=env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    for line in p.stdout:
+        if 'parameters;' in line:  # the line before the first evaluation
+            time.sleep(1.0)
+            p.send_signal(signal.SIGINT)
+            t0 = time.time()
+            break
+    rest, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    assert 'stopped by a signal' in rest and 'val loss' not in rest
+    assert time.time() - t0 < 10
+    assert latest_checkpoint(out).endswith('ckpt_00000001')
+
+
+# -----------------------------------------------------------------------------
+# 8. Token ids past vocab_size, anywhere in the file, found at start-up
+def test_a_bad_token_id_anywhere_is_found_before_training(work, tmp_path):
+    make_dataset(tmp_path, 'late')
+    path = tmp_path / 'data' / 'late' / 'train.bin'
+    tokens = np.fromfile(path, dtype=np.uint16)
+    tokens[-7] = 300  # past vocab_size=256, near the end: a random batch would find it late or never
+    tokens.tofile(path)
+    p = run_train(tmp_path, *RUN, '--dataset=late', '--max_iters=2', '--out_dir=late', check=False)
+    assert '300' in one_error_line(p) and 'train.bin' in p.stderr
+    assert not os.path.exists(tmp_path / 'late' / 'metrics.jsonl')
+    tokens[-7] = 1  # fixed: the cached maximum must not be believed for the new file
+    time.sleep(0.01)
+    tokens.tofile(path)
+    run_train(tmp_path, *RUN, '--dataset=late', '--max_iters=2', '--out_dir=late')
+
+
+# -----------------------------------------------------------------------------
+# 9. Torn or inconsistent checkpoint metadata
+@pytest.mark.parametrize('damage', ['iter_text', 'model_args_int', 'json_list', 'iter_mismatch',
+                                    'torn_json', 'no_distcp'])
+def test_inconsistent_checkpoint_metadata_is_one_line_and_nothing_is_touched(work, tmp_path, damage):
+    out = tmp_path / 'run'
+    shutil.copytree(work / 'ten', out)
+    ckpt = latest_checkpoint(out)
+    meta_path = os.path.join(ckpt, 'hetgpt.json')
+    meta = json.load(open(meta_path))
+    broken = {'iter_text': {**meta, 'iter': '10'}, 'model_args_int': {**meta, 'model_args': 3},
+              'json_list': [meta], 'iter_mismatch': {**meta, 'iter': 7}}
+    if damage in broken:
+        json.dump(broken[damage], open(meta_path, 'w'))
+    elif damage == 'torn_json':
+        open(meta_path, 'w').write(json.dumps(meta)[:40])
+    else:
+        for f in os.listdir(ckpt):
+            if f.endswith('.distcp'):
+                os.remove(os.path.join(ckpt, f))
+    before = snapshot(out)
+    p = run_train(work, *RUN, '--max_iters=12', f'--out_dir={out}', '--init_from=resume', check=False)
+    assert 'damaged' in one_error_line(p) and 'ckpt_00000010' in p.stderr
+    assert snapshot(out) == before
