@@ -23,7 +23,7 @@ import torch.distributed.checkpoint.filesystem as dcp_filesystem
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from configurator import die
+from configurator import die, oneline
 
 # Every global DCP's metadata pickle names, exactly: a name is never walked through attributes
 # ('os.system' reached from an allowed module), and nothing else in these modules is reachable.
@@ -60,8 +60,7 @@ def why(e):
     # One line for an error of DCP's: the first rank's own exception, not the wrapper's traceback.
     if isinstance(e, CheckpointException) and e.failures:
         e = next(iter(e.failures.values()))[0]
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0][:200]}" if text else type(e).__name__
+    return oneline(e)
 
 
 def checkpoints(out_dir):

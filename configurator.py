@@ -40,6 +40,11 @@ def check(key, value, defaults, where):
     die(f"{key}={value!r} in {where}: expected {want.__name__} like {defaults[key]!r}, got {type(value).__name__}")
 
 
+def oneline(e):
+    # An exception as one line of an error message.
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+
+
 def check_rule(key, value, rule):
     # A RULES entry: '> 0', '>= 1', an interval '[0, 1)', a regular expression a string knob must
     # match whole ('auto|cpu|cuda(:[0-9]+)?'), or '' (any value of the knob's type).

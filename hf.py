@@ -3,8 +3,11 @@ To and from transformers' GPT-2 (GPT2LMHeadModel): our module names are nanoGPT'
 so the weights map one to one; HF's Conv1D keeps four of them as (in, out) where nn.Linear has
 (out, in). Used by train.py (init_from=gpt2*), sample.py (loading, --export_hf) and the tests.
 """
+import os
+
 import torch
 
+from configurator import die, oneline
 from model import GPT, GPTConfig
 
 CONV1D = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')
@@ -31,9 +34,41 @@ def from_hf(hf_model, **overrides):
 
 
 def from_pretrained(name, **overrides):
-    # 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl' from the HF hub (needs network once), or a directory.
+    # 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl' (or another hub name) from the HF cache, else
+    # from the hub (needs network once); or a transformers directory. A user mistake ends in one
+    # line (configurator.die), within seconds: offline, transformers would retry for ~30 s.
+    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
     from transformers import GPT2LMHeadModel
-    return from_hf(GPT2LMHeadModel.from_pretrained(name), **overrides)
+    try:
+        hf_model = GPT2LMHeadModel.from_pretrained(name, local_files_only=True)
+    except Exception as e:
+        if os.path.isdir(name):
+            die(f"cannot load {name} with transformers ({oneline(e)}); give a directory written "
+                f"by sample.py --export_hf or transformers' save_pretrained")
+        try:  # one HEAD request, no retries: is the hub there at all?
+            get_hf_file_metadata(hf_hub_url(name, 'config.json'),
+                                 timeout=constants.HF_HUB_ETAG_TIMEOUT)
+        except OfflineModeIsEnabled:
+            offline('HF_HUB_OFFLINE is set', name)
+        except HfHubHTTPError as e:  # the hub answered: a name it does not have, a gated repo, ...
+            die(f"cannot load {name} from the Hugging Face hub ({oneline(e)}); init_from takes "
+                f"gpt2, gpt2-medium, gpt2-large or gpt2-xl")
+        except Exception as e:  # no connection, a timeout, a proxy or TLS failure
+            offline(f"no answer from {constants.ENDPOINT}: {oneline(e)}", name)
+        try:
+            hf_model = GPT2LMHeadModel.from_pretrained(name)
+        except Exception as e:  # the network went away mid-download, a full disk, ...
+            die(f"cannot load {name} from the Hugging Face hub ({oneline(e)})")
+    try:
+        return from_hf(hf_model, **overrides)
+    except AssertionError as e:  # a transformers model, but not shaped as GPT-2
+        die(f"{name} is not a GPT-2 model ({e})")
+
+
+def offline(why, name):
+    die(f"cannot load {name} from the Hugging Face hub (offline: {why}): connect once to cache "
+        f"it, or set HF_HOME to a Hugging Face cache that has it")
 
 
 def save_hf(model, path):

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, fields, replace
 
 import torch
 
-from configurator import configure
+from configurator import configure, die
 from model import GPT, LOSS_CHUNK, GPTConfig, config_from
 
 GiB = 2**30
@@ -690,12 +690,16 @@ def _cluster(gpus, nodes, host_mem):
     # '4xA100-80GB,4xV100-32GB' -> ranks spread evenly over nodes (default: 8 GPUs per node)
     kinds = []
     for item in gpus.split(','):
-        count, name = re.fullmatch(r'(?:(\d+)x)?(.+)', item.strip()).groups()
-        key = 'cpu' if name.lower() == 'cpu' else gpu_key(name)
-        if key is None or (key == 'cpu' and not host_mem):
-            sys.exit(f"--gpus: cannot read {item!r}; write COUNTxNAME with NAME one of {', '.join(GPUS)}, "
-                     f"or cpu (with --host_mem)")
-        kinds += [key] * int(count or 1)
+        m = re.fullmatch(r'(?:(\d+)x)?(.+)', item.strip())
+        key = m and ('cpu' if m[2].lower() == 'cpu' else gpu_key(m[2]))
+        if key is None or int(m[1] or 1) < 1:
+            die(f"--gpus: cannot read {item!r}; write COUNTxNAME (COUNT >= 1) with NAME one of "
+                f"{', '.join(GPUS)}, or cpu (with --host_mem)")
+        if key == 'cpu' and not host_mem:
+            die(f"--gpus {item}: CPU ranks need --host_mem (GiB per node), their memory")
+        kinds += [key] * int(m[1] or 1)
+    if nodes > len(kinds):
+        die(f"--nodes {nodes} but --gpus {gpus} has {len(kinds)} ranks: at least one per node")
     nodes = nodes or math.ceil(len(kinds) / 8)
     per = math.ceil(len(kinds) / nodes)
     host = host_mem * GiB if host_mem else None
@@ -704,9 +708,16 @@ def _cluster(gpus, nodes, host_mem):
             for i, g in enumerate(kinds)]
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    def error(self, message):  # one line, as every other mistake (argparse prints the usage too)
+        die(f"{message} (python plan.py -h for help)")
+
+
 def main(argv=None):
+    # Returns 0 when the config fits, 1 when it does not; a mistake in the arguments exits 2.
     t0 = time.time()
-    ap = argparse.ArgumentParser(description="Does a GPT config fit these GPUs, and how? (meta device, no GPU needed)")
+    ap = ArgumentParser(
+        description="Does a GPT config fit these GPUs, and how? (meta device, no GPU needed)")
     ap.add_argument('config', nargs='+', help="configs/*.py, and --key=value overrides of the model or batch")
     ap.add_argument('--gpus', default='1xH200', help="e.g. 16xA100-80GB or 4xA100-80GB,4xV100-32GB or 2xcpu")
     ap.add_argument('--host_mem', type=float, default=None, help="host memory per node, GiB (default: not checked)")
@@ -718,9 +729,24 @@ def main(argv=None):
     ap.add_argument('--inter_node_gbs', type=float, default=None,
                     help="GB/s per GPU between nodes (default: the GPU's reference system, GPUS 'net')")
     args, rest = ap.parse_known_args(argv)
+    for name, ok, want in (  # (nan and inf fail these comparisons)
+            ('host_mem', args.host_mem is None or 0 < args.host_mem < math.inf, 'a number > 0'),
+            ('nodes', args.nodes >= 0, '>= 0 (0: 8 GPUs per node)'),
+            ('micro_batch_size', args.micro_batch_size >= 0, ">= 0 (0: the planner's choice)"),
+            ('memory_fraction', 0 < args.memory_fraction <= 1, 'in (0, 1]'),
+            ('inter_node_gbs', args.inter_node_gbs is None or 0 < args.inter_node_gbs < math.inf,
+             'a number > 0')):
+        if not ok:
+            die(f"--{name} {getattr(args, name)}: must be {want}")
+    for a in args.config + rest:
+        if not (a.startswith('--') or a.endswith('.py')):
+            die(f"{a!r}: give config files (configs/*.py) and --key=value overrides")
     defaults = {f.name: f.default for f in fields(GPTConfig)} | dict(batch_size=1)
-    config = configure(defaults, [a for a in args.config + rest if a.startswith('--') or a.endswith('.py')],
-                       strict_files=False)
+    rules = dict(block_size='> 0', vocab_size='> 0', n_layer='> 0', n_head='> 0', n_embd='> 0',
+                 dropout='[0, 1)', bias='', init_std='> 0', batch_size='> 0')
+    config = configure(defaults, args.config + rest, strict_files=False, rules=rules)
+    if config['n_embd'] % config['n_head']:
+        die(f"n_embd={config['n_embd']} is not divisible by n_head={config['n_head']}")
     ranks = _cluster(args.gpus, args.nodes, args.host_mem)
     p = make_plan(config_from(config), config['batch_size'], ranks, plan=args.plan,
                   micro_batch_size=args.micro_batch_size, memory_fraction=args.memory_fraction,

@@ -7,34 +7,54 @@ import json
 import os
 import sys
 
-if len(sys.argv) != 2:
-    sys.exit("usage: python plot.py OUT_DIR  (reads OUT_DIR/metrics.jsonl, writes OUT_DIR/loss.png)")
-out_dir = sys.argv[1]
-try:
-    import matplotlib
-except ImportError:
-    sys.exit("plot.py needs matplotlib: pip install matplotlib")
-matplotlib.use('Agg')  # files only: no display needed
-import matplotlib.pyplot as plt
+from configurator import die
 
+
+def number(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+if len(sys.argv) != 2 or sys.argv[1].startswith('-'):
+    die("usage: python plot.py OUT_DIR  (reads OUT_DIR/metrics.jsonl, writes OUT_DIR/loss.png)")
+out_dir = sys.argv[1]
+if os.path.isfile(out_dir):
+    die(f"{out_dir} is a file: give the run's folder, python plot.py OUT_DIR")
 path = os.path.join(out_dir, 'metrics.jsonl')
 if not os.path.isfile(path):
-    sys.exit(f"no {path}: train first (python train.py configs/gpt_tiny.py)")
+    die(f"no {path}: train first (python train.py configs/gpt_tiny.py)")
 train, val = {}, {}
-for line in open(path):
+try:
+    with open(path, encoding='utf-8', errors='replace') as f:
+        lines = f.readlines()
+except OSError as e:
+    die(f"cannot read {path} ({e.strerror})")
+for line in lines:
     try:
         row = json.loads(line)
     except json.JSONDecodeError:  # the last line may be half written while training runs
         continue
+    if not isinstance(row, dict) or not number(row.get('iter')) or not number(row.get('tokens')):
+        continue  # not a row train.py writes
     # keyed by iter: after a resume the same iters come again, and the later rows are the run's
-    if row.get('loss') is not None:
+    if number(row.get('loss')):
         train[row['iter']] = row
-    if row.get('val_loss') is not None:
+    if number(row.get('val_loss')):
         val[row['iter']] = row
 if not train and not val:
-    sys.exit(f"no train or eval rows in {path} yet")
+    die(f"no train or eval rows in {path} yet")
 train = [train[i] for i in sorted(train)]
 val = [val[i] for i in sorted(val)]
+png = os.path.join(out_dir, 'loss.png')
+if os.path.exists(png) and not os.path.isfile(png):
+    die(f"{png} is not a file: move it away")
+if not os.access(out_dir, os.W_OK):
+    die(f"{out_dir} is not writable: plot a copy of metrics.jsonl elsewhere")
+try:
+    import matplotlib
+except ImportError:
+    die("plot.py needs matplotlib: pip install matplotlib")
+matplotlib.use('Agg')  # files only: no display needed
+import matplotlib.pyplot as plt
 
 fig, ax = plt.subplots(figsize=(9, 5))
 ax.plot([r['tokens'] for r in train], [r['loss'] for r in train], lw=1, label='train loss')
@@ -43,7 +63,8 @@ ax.set_xlabel('tokens')
 ax.set_ylabel('loss')
 ax.grid(alpha=0.3)
 lr = ax.twinx()
-lr.plot([r['tokens'] for r in train if 'lr' in r], [r['lr'] for r in train if 'lr' in r],
+lr.plot([r['tokens'] for r in train if number(r.get('lr'))],
+        [r['lr'] for r in train if number(r.get('lr'))],
         color='gray', ls='--', lw=1, label='lr')
 lr.set_ylabel('learning rate')
 lr.set_ylim(bottom=0)
@@ -51,5 +72,11 @@ lines = ax.get_lines() + lr.get_lines()
 ax.legend(lines, [l.get_label() for l in lines], loc='upper right')
 ax.set_title(out_dir)
 fig.tight_layout()
-fig.savefig(os.path.join(out_dir, 'loss.png'), dpi=120)
-print(f"wrote {os.path.join(out_dir, 'loss.png')}")
+try:  # into a .tmp file first: a failed write leaves the last loss.png as it was
+    fig.savefig(png + '.tmp', dpi=120, format='png')
+    os.replace(png + '.tmp', png)
+except OSError as e:
+    if os.path.isfile(png + '.tmp'):
+        os.remove(png + '.tmp')
+    die(f"cannot write {png} ({e.strerror or e})")
+print(f"wrote {png}")

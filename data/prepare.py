@@ -94,7 +94,15 @@ def gpt2_encoding():
 
 
 def die(msg):
-    raise SystemExit(f"prepare.py: error: {msg}")
+    # configurator.die, which this script cannot import when run as data/prepare.py: a user's
+    # mistake is one line on stderr and exit status 2.
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    def error(self, message):  # one line, as every other mistake (argparse prints the usage too)
+        die(f"{message} (python data/prepare.py -h for help)")
 
 # -----------------------------------------------------------------------------
 # sources: each returns a list of documents (str) in a deterministic order
@@ -280,6 +288,7 @@ def encode_batch(texts):
 
 def write_tokens(path, work, n_docs, pool, num_proc, desc):
     """Tokenize the batches of documents in `work`, in order, into the uint16 file `path`."""
+    f = open(path, "wb")  # first: a file that cannot be written fails before any progress shows
     try:
         from tqdm import tqdm
         bar = tqdm(total=n_docs, desc=desc, unit="docs")
@@ -287,7 +296,7 @@ def write_tokens(path, work, n_docs, pool, num_proc, desc):
         bar = None
         print(f"{desc}: tokenizing {n_docs:,} documents...")
     work, n = iter(work), 0
-    with open(path, "wb") as f:
+    try:
         # a few batches per process at a time: pool.imap alone would read all of OWT into memory
         while window := list(itertools.islice(work, 4 * num_proc)):
             for k, ids in (pool.imap(encode_batch, window) if pool else map(encode_batch, window)):
@@ -295,8 +304,10 @@ def write_tokens(path, work, n_docs, pool, num_proc, desc):
                 n += len(ids)
                 if bar is not None:
                     bar.update(k)
-    if bar is not None:
-        bar.close()
+    finally:  # the bar ends its line, so an error below is a line of its own
+        f.close()
+        if bar is not None:
+            bar.close()
     return n
 
 
@@ -324,8 +335,8 @@ def load_openwebtext(val_fraction, seed, num_proc, limit):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__.split("\n\n")[1],
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", choices=["pydocs", "openwebtext"], help="a built-in corpus")
     p.add_argument("--input", nargs="+", metavar="PATH", help=".txt/.jsonl/.parquet files or folders")
     p.add_argument("--name", help="output folder name (default: the dataset, or the first input's stem)")
@@ -346,8 +357,21 @@ def main(argv=None):
         val_fraction = 0.0005 if args.dataset == "openwebtext" else 0.05
     if not 0 < val_fraction < 1:
         die(f"--val_fraction must be between 0 and 1, not {val_fraction}")
+    for flag, low in (("seed", 0), ("num_proc", 1), ("limit", 0)):
+        value = getattr(args, flag)
+        if value < low:
+            die(f"--{flag} {value}: must be >= {low}")
     name = args.name or args.dataset or os.path.splitext(os.path.basename(os.path.normpath(args.input[0])))[0]
-    num_proc = max(1, args.num_proc)
+    if name in ("", ".", "..") or os.sep in name or (os.altsep and os.altsep in name):
+        die(f"--name {name!r}: give a plain folder name; the output goes to OUT_DIR/NAME")
+    folder = os.path.join(args.out_dir, name)
+    parent = os.path.abspath(folder)  # now, not after minutes of tokenizing
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+        die(f"cannot write {folder}: {parent} is not a writable directory; "
+            f"choose another --out_dir")
+    num_proc = args.num_proc
     try:
         enc = gpt2_encoding()  # fail early, and forked workers inherit it
     except (RuntimeError, ValueError) as e:
@@ -372,15 +396,19 @@ def main(argv=None):
         train, val = split_documents(docs, val_fraction, args.seed)
         sets = {"train": (batches(train), len(train)), "val": (batches(val), len(val))}
 
-    folder = os.path.join(args.out_dir, name)
-    os.makedirs(folder, exist_ok=True)
     pool = None
     if num_proc > 1:
         import multiprocessing
         pool = multiprocessing.Pool(num_proc)
     try:  # into .tmp files, renamed only when all are complete: no half-written or mixed sets
+        os.makedirs(folder, exist_ok=True)
         counts = {s: write_tokens(os.path.join(folder, f"{s}.bin.tmp"), work, n, pool, num_proc, s)
                   for s, (work, n) in sets.items()}
+    except OSError as e:  # a full disk: the sets already there stay as they were
+        for s in sets:
+            if os.path.isfile(os.path.join(folder, f"{s}.bin.tmp")):
+                os.remove(os.path.join(folder, f"{s}.bin.tmp"))
+        die(f"cannot write {folder} ({e.strerror or e})")
     finally:
         if pool is not None:
             pool.terminate()

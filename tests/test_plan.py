@@ -328,3 +328,41 @@ def test_each_configs_stated_parameter_count_is_the_models(path):
     assert stated, f"{path.name} states no parameter count"
     cfg, _ = load(path.stem)
     assert int(stated.group(1).replace(',', '')) == exact_params(cfg)
+
+
+# -----------------------------------------------------------------------------
+# The dry run's command line: a user's mistake is one line on stderr starting 'error: ' and exit
+# status 2; "does not fit" is an answer, exit status 1.
+
+PLAN_MISTAKES = [  # (arguments after configs/gpt_tiny.py, what the error line says)
+    ('--gpus 0xA100-80GB', 'COUNT >= 1'), ('--gpus x', 'cannot read'),
+    ('--gpus=-1xH100', 'cannot read'), ('--gpus=', 'cannot read'), ('--gpus 2xA999', 'cannot read'),
+    ('--gpus 2xH100,', 'cannot read'), ('--gpus 2xcpu', '--host_mem'),
+    ('--host_mem -1', '--host_mem'), ('--host_mem 0', '--host_mem'),
+    ('--host_mem nan', '--host_mem'), ('--nodes -1', '--nodes'),
+    ('--nodes 3 --gpus 2xH100', 'one per node'), ('--micro_batch_size -1', '--micro_batch_size'),
+    ('--memory_fraction 0', '--memory_fraction'), ('--memory_fraction 1.5', '--memory_fraction'),
+    ('--inter_node_gbs 0', '--inter_node_gbs'), ('--inter_node_gbs inf', '--inter_node_gbs'),
+    ('--plan zero3', 'invalid choice'), ('--dtype fp8', 'invalid choice'),
+    ('--nodes two', 'invalid int'), ('--n_layer=0', 'n_layer=0'), ('--n_head=5', 'not divisible'),
+    ('--batch_size=0', 'batch_size=0'), ('--dropout=1.0', 'dropout'), ('--n_layer=2.5', 'n_layer'),
+    ('--n_layr=2', 'did you mean n_layer'), ('configs/gpt_tiny', 'config files'),
+    ('configs/nope.py', 'cannot read config file')]
+
+
+@pytest.mark.parametrize('args,expected', PLAN_MISTAKES, ids=[a for a, _ in PLAN_MISTAKES])
+def test_dry_run_mistakes_are_one_line(args, expected, capsys):
+    with pytest.raises(SystemExit) as e:
+        planner.main([str(ROOT / 'configs' / 'gpt_tiny.py'), *args.split()])
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and not out
+    assert err.splitlines() == [err.strip()] and err.startswith('error: ') and expected in err, err
+
+
+def test_dry_run_mistake_as_a_process():
+    # the contract end to end: no usage block, no traceback, exit status 2 (1 means "does not fit")
+    for args in (['--gpus', '0xA100-80GB'], ['--bogus-flag']):
+        out = subprocess.run([sys.executable, 'plan.py', 'configs/gpt_tiny.py', *args], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and not out.stdout, out.stderr
+        assert len(out.stderr.splitlines()) == 1 and out.stderr.startswith('error: '), out.stderr

@@ -1,5 +1,6 @@
 """
-plot.py on a metrics.jsonl made here: writes a real PNG; says what to do without matplotlib or metrics.
+plot.py on a metrics.jsonl made here: writes a real PNG; a user's mistake (usage, no matplotlib, no
+metrics or rows, nowhere to write) is one line on stderr and exit status 2.
 """
 import json
 import math
@@ -46,15 +47,49 @@ def test_plot_writes_png(tmp_path):
     assert len(colours) > 10  # lines, text, legend: not a blank canvas
 
 
+def mistake(r):
+    # a user's mistake: one line on stderr starting 'error: ', exit status 2, no traceback
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith('error: '), r.stderr
+    assert 'Traceback' not in r.stderr
+    return lines[0]
+
+
 def test_plot_without_matplotlib(tmp_path):
     write_metrics(tmp_path / 'metrics.jsonl')
     r = plot(str(tmp_path), hide_matplotlib=True)
-    assert r.returncode != 0
-    assert r.stderr.strip() == "plot.py needs matplotlib: pip install matplotlib"
+    assert mistake(r) == "error: plot.py needs matplotlib: pip install matplotlib"
     assert not (tmp_path / 'loss.png').exists()
 
 
 def test_plot_without_metrics(tmp_path):
-    r = plot(str(tmp_path / 'nothing'))
-    assert r.returncode != 0
-    assert len(r.stderr.strip().splitlines()) == 1 and 'train' in r.stderr and 'Traceback' not in r.stderr
+    assert 'train' in mistake(plot(str(tmp_path / 'nothing')))
+    write_metrics(tmp_path / 'metrics.jsonl')  # the file given where its folder is wanted
+    assert 'give the run\'s folder' in mistake(plot(str(tmp_path / 'metrics.jsonl')))
+
+
+def test_plot_usage():
+    for args in ([], ['a', 'b'], ['-h']):
+        r = subprocess.run([sys.executable, 'plot.py', *args], cwd=ROOT, capture_output=True,
+                           text=True, timeout=60)
+        assert 'usage: python plot.py OUT_DIR' in mistake(r)
+
+
+def test_plot_without_rows(tmp_path):
+    # empty, or lines that are not train.py's rows (not objects, no iter or tokens, no number)
+    others = ['3', '[1, 2]', '{"iter": "x", "tokens": 1, "loss": 2}', '{"iter": 1, "loss": 2}',
+              '{"iter": 1, "tokens": 2, "loss": "low"}']
+    for text in ('', '\n'.join(others) + '\n'):
+        (tmp_path / 'metrics.jsonl').write_text(text)
+        assert 'no train or eval rows' in mistake(plot(str(tmp_path)))
+    (tmp_path / 'metrics.jsonl').write_bytes(b'\xff\xfe{"iter": 1}\n')  # not UTF-8
+    assert 'no train or eval rows' in mistake(plot(str(tmp_path)))
+
+
+def test_plot_cannot_write(tmp_path):
+    write_metrics(tmp_path / 'metrics.jsonl')
+    (tmp_path / 'loss.png').mkdir()  # where the picture goes, a directory is in the way
+    (tmp_path / 'loss.png' / 'keep.txt').write_text('mine')
+    assert 'loss.png is not a file' in mistake(plot(str(tmp_path)))
+    assert (tmp_path / 'loss.png' / 'keep.txt').read_text() == 'mine'

@@ -1,6 +1,7 @@
 """
 data/prepare.py offline: the GPT-2 tokenizer fallback (ids, hash check), .bin round trips from
-.txt/.jsonl/.parquet inputs, the pydocs corpus, and one-line errors.
+.txt/.jsonl/.parquet inputs, the pydocs corpus, and the user's mistakes: one line on stderr
+starting 'error: ', exit status 2, nothing written.
 """
 import json
 import os
@@ -162,11 +163,69 @@ def test_errors_are_one_line(tmp_path, case):
     if path in contents:
         (tmp_path / path).write_text(contents[path])
     r = run_cli("--input", path, "--out_dir", str(tmp_path / "out"), cwd=tmp_path)
-    assert r.returncode != 0 and r.stdout == ""
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("prepare.py: error:"), r.stderr
-    assert path in lines[0] or case == "empty"
+    assert path in mistake(r) or case == "empty"
     assert not (tmp_path / "out").exists()
+
+
+def mistake(r):
+    # a user's mistake: one line on stderr starting 'error: ', exit status 2, no traceback
+    assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stderr)
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert "Traceback" not in r.stderr
+    return lines[0]
+
+
+def test_argument_mistakes_are_one_line(tmp_path):
+    (tmp_path / "a.txt").write_text("some text\nand more\n")
+    (tmp_path / "saved").write_text("a file where a folder is wanted")
+    (tmp_path / "none").mkdir()
+    cases = [("", "give either"), ("--dataset pydocs --input a.txt", "give either"),
+             ("--dataset tinyshakespeare", "invalid choice"), ("--input none", "holds no .txt"),
+             ("--input a.txt --nope", "unrecognized"),
+             ("--input a.txt --val_fraction abc", "invalid float"),
+             ("--input a.txt --val_fraction 0", "--val_fraction"),
+             ("--input a.txt --val_fraction 1", "--val_fraction"),
+             ("--input a.txt --val_fraction nan", "--val_fraction"),
+             ("--input a.txt --seed -1", "--seed -1"),
+             ("--input a.txt --num_proc 0", "--num_proc 0"),
+             ("--input a.txt --limit -1", "--limit -1"), ("--input a.txt --name ../up", "--name"),
+             ("--input a.txt --out_dir saved", "not a writable directory"),
+             ("--input a.txt --out_dir saved/deeper", "not a writable directory"),
+             ("--input a.txt --out_dir . --name saved", "not a writable directory")]
+    for args, expected in cases:
+        assert expected in mistake(run_cli(*args.split(), cwd=tmp_path)), args
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "none", "saved"]  # nothing new
+    assert (tmp_path / "saved").read_text() == "a file where a folder is wanted"
+
+
+def test_unreadable_inputs_are_one_line(tmp_path):
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "gone.txt").symlink_to(tmp_path / "nowhere.txt")  # listed, not readable
+    (tmp_path / "latin1.txt").write_bytes("café".encode("latin-1"))
+    (tmp_path / "fake.parquet").write_text("not parquet")
+    for path in ("corpus", "latin1.txt", "fake.parquet"):
+        assert "cannot read" in mistake(run_cli("--input", path, "--out_dir", "out", cwd=tmp_path))
+    assert not (tmp_path / "out").exists()
+
+
+def test_openwebtext_offline_is_one_line(tmp_path):
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, PREPARE, "--dataset", "openwebtext", "--out_dir", "out"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=60, env=env)
+    assert "needs internet" in mistake(r)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_failed_write_keeps_the_last_set(tmp_path):
+    # the second run cannot write train.bin.tmp (a folder is in the way): the first run's set stays
+    (tmp_path / "a.txt").write_text("".join(f"line {i}\n" for i in range(50)))
+    assert run_cli("--input", "a.txt", "--out_dir", ".", cwd=tmp_path).returncode == 0
+    before = {f: (tmp_path / "a" / f).read_bytes() for f in ("train.bin", "val.bin", "meta.json")}
+    (tmp_path / "a" / "train.bin.tmp").mkdir()
+    (tmp_path / "a.txt").write_text("other text\n" * 50)
+    assert "cannot write" in mistake(run_cli("--input", "a.txt", "--out_dir", ".", cwd=tmp_path))
+    assert {f: (tmp_path / "a" / f).read_bytes() for f in before} == before
 
 
 def test_import_is_cheap_and_silent(tmp_path):

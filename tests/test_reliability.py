@@ -59,7 +59,7 @@ def test_kill_9_anywhere_then_resume_is_exact(work, moment):
     same_as_straight(work, out.name)
 
 
-@pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGUSR1])  # preemption; Slurm's --signal warning
+@pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGUSR1, signal.SIGINT])  # preemption, Slurm, Ctrl-C
 def test_signal_checkpoints_at_the_end_of_the_step_and_exits_0(work, sig):
     out = work / f'preempted_{sig.name}'
     cmd = train_command(faults=True) + RUN + [f'--out_dir={out.name}', '--checkpoint_interval=100']

@@ -1,8 +1,15 @@
 """
 sample.py as a user runs it, on checkpoints in train.py's layout (tests/make_ckpt.py): streamed
-text, prompt files, the one-line errors, and the HF export read back by transformers.
+text, prompt files, the HF export read back by transformers, and the one-line errors: every knob
+out of range, bad paths, damaged checkpoints.
 """
+import ast
+import json
 import os
+import pickle
+import re
+import runpy
+import shutil
 import subprocess
 import sys
 
@@ -70,23 +77,24 @@ def test_sample_greedy_with_and_without_cache(run):
     assert a.stdout == b.stdout
 
 
-def one_line_error(r):
-    assert r.returncode != 0
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and 'Traceback' not in r.stderr, r.stderr
+def mistake(r, start=''):
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith('error: ' + start), r.stderr
+    assert 'Traceback' not in r.stderr and not r.stdout
     return lines[0]
 
 
 def test_missing_prompt_file(run, tmp_path):
     out, _ = run
     r = sample(f'--out_dir={out}', f'--start=FILE:{tmp_path}/nope.txt')
-    assert 'nope.txt' in one_line_error(r) and not r.stdout
+    assert 'nope.txt' in mistake(r)
 
 
 def test_missing_checkpoint(tmp_path):
-    assert 'python train.py configs/gpt_tiny.py' in one_line_error(sample(f'--out_dir={tmp_path}/none'))
+    assert 'python train.py configs/gpt_tiny.py' in mistake(sample(f'--out_dir={tmp_path}/none'))
     (tmp_path / 'empty' / 'ckpt_00000001.tmp').mkdir(parents=True)  # only an unfinished checkpoint
-    assert 'train' in one_line_error(sample(f'--out_dir={tmp_path}/empty'))
+    assert 'train' in mistake(sample(f'--out_dir={tmp_path}/empty'))
 
 
 @pytest.mark.parametrize('bias', [True, False])
@@ -106,3 +114,157 @@ def test_export_hf(tmp_path, bias):
         theirs = hf(idx).logits
         ours = model(idx)[0]
     torch.testing.assert_close(theirs, ours[:, :, :50257], atol=1e-4, rtol=0)
+
+
+# -----------------------------------------------------------------------------
+# user mistakes: one line on stderr starting 'error: ', exit status 2, nothing written
+
+def knobs_and_rules():
+    # sample.py's knobs (the constants assigned before RULES) and RULES, read from its source: it
+    # runs at import, so it is not imported.
+    tree = ast.parse(open(os.path.join(ROOT, 'sample.py')).read())
+    knobs = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            if node.targets[0].id == 'RULES':
+                return knobs, ast.literal_eval(node.value)
+            if isinstance(node.value, ast.Constant):
+                knobs[node.targets[0].id] = node.value.value
+    raise AssertionError('sample.py has no RULES')
+
+
+def out_of_range(rule, default):
+    # Values just outside a rule, derived from its text: '> 0' -> 0, '>= 1' -> 0, '[0, 9]' -> -1
+    # and 10, a pattern -> a string it does not match.
+    num = type(default) if type(default) in (int, float) else None
+    if bound := re.fullmatch(r'(>=?)\s*(\S+)', rule):
+        low = float(bound[2])
+        return [num(low if bound[1] == '>' else low - 1)]
+    if interval := re.fullmatch(r'([\[(])\s*([^,]+),\s*([^\])]+)([\])])', rule):
+        low, high = float(interval[2]), float(interval[3])
+        return [num(low - 1 if interval[1] == '[' else low),
+                num(high + 1 if interval[4] == ']' else high)]
+    if rule and isinstance(default, str):
+        return [next(s for s in ('no-such-choice', '') if not re.fullmatch(rule, s))]
+    assert rule == '', f"a rule this test cannot read: {rule!r}"
+    return []
+
+
+def test_every_knob_has_a_rule_and_every_rule_holds(run, tmp_path):
+    out, _ = run
+    knobs, rules = knobs_and_rules()
+    assert len(knobs) >= 11 and set(knobs) == set(rules), set(knobs) ^ set(rules)
+    ran = 0
+    for knob, default in knobs.items():
+        # a value of the wrong type: on the command line, or from a config file for a string knob
+        # (the command line keeps any text as a string)
+        if isinstance(default, str):
+            (tmp_path / f'{knob}.py').write_text(f'{knob} = 3\n')
+            wrong = str(tmp_path / f'{knob}.py')
+        else:
+            wrong = f'--{knob}=' + {bool: '3', int: '1.5', float: 'abc'}[type(default)]
+        for arg in [wrong] + [f'--{knob}={v}' for v in out_of_range(rules[knob], default)]:
+            # against a real checkpoint: a value that slipped through would sample, and exit 0
+            r = sample(f'--out_dir={out}', '--max_new_tokens=2', '--num_samples=1', arg)
+            mistake(r, f'{knob}=')
+            ran += 1
+    assert ran >= 20
+
+
+def test_prompt_and_paths_checked_before_loading(run, tmp_path):
+    out, _ = run
+    latin1 = tmp_path / 'latin1.txt'
+    latin1.write_bytes('café'.encode('latin-1'))
+    assert 'not UTF-8' in mistake(sample(f'--out_dir={out}', f'--start=FILE:{latin1}'))
+    assert 'not a directory' in mistake(sample(f'--init_from={tmp_path}/nope'))
+    saved = tmp_path / 'saved.txt'
+    saved.write_text('keep me')
+    for target, why in ((saved, 'is a file'), (tmp_path, 'holds other files'),
+                        (saved / 'sub', 'not a writable directory')):
+        assert why in mistake(sample(f'--out_dir={out}', f'--export_hf={target}'), 'export_hf=')
+    assert saved.read_text() == 'keep me' and not (tmp_path / 'config.json').exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='needs a host without CUDA')
+def test_cuda_without_cuda(run):
+    out, _ = run
+    assert '--device=cpu' in mistake(sample(f'--out_dir={out}', '--device=cuda'), 'device=cuda')
+
+
+def damage(ckpt, how):
+    meta = json.loads((ckpt / 'hetgpt.json').read_text())
+    args = meta['model_args']
+    if how == 'no hetgpt.json':
+        (ckpt / 'hetgpt.json').unlink()
+    elif how == 'hetgpt.json not JSON':
+        (ckpt / 'hetgpt.json').write_text('{"iter": 10, "model_')
+    elif how == 'hetgpt.json a list':
+        (ckpt / 'hetgpt.json').write_text('[10]')
+    elif how.startswith('model_args'):
+        change = {'model_args 3': lambda: meta.update(model_args=3),
+                  'model_args no n_layer': lambda: args.pop('n_layer'),
+                  'model_args vocab_size a string': lambda: args.update(vocab_size='300'),
+                  'model_args bias a string': lambda: args.update(bias='yes'),
+                  'model_args n_head 0': lambda: args.update(n_head=0),
+                  'model_args other shape': lambda: args.update(n_embd=64)}[how]
+        change()
+        (ckpt / 'hetgpt.json').write_text(json.dumps(meta))
+    elif how == 'no .metadata':
+        (ckpt / '.metadata').unlink()
+    elif how == '.metadata garbage':
+        (ckpt / '.metadata').write_bytes(b'\x00garbage')
+    elif how == '.metadata runs code':  # a pickle that would call os.system when loaded
+        (ckpt / '.metadata').write_bytes(
+            pickle.dumps(Evil(f'touch {ckpt}/pwned'), protocol=4))
+    else:
+        shards = list(ckpt.glob('*.distcp'))
+        assert shards
+        for f in shards:
+            if how == 'no shard':
+                f.unlink()
+            else:  # 'shard truncated'
+                os.truncate(f, f.stat().st_size // 3)
+
+
+class Evil:
+    def __init__(self, cmd):
+        self.cmd = cmd
+
+    def __reduce__(self):
+        return os.system, (self.cmd,)
+
+
+DAMAGE = ['no hetgpt.json', 'hetgpt.json not JSON', 'hetgpt.json a list', 'model_args 3',
+          'model_args no n_layer', 'model_args vocab_size a string', 'model_args bias a string',
+          'model_args n_head 0', 'model_args other shape', 'no .metadata', '.metadata garbage',
+          '.metadata runs code', 'no shard', 'shard truncated']
+
+
+def damaged_copy(run, tmp_path, how):
+    out, _ = run
+    ckpt = tmp_path / 'ckpt_00000010'
+    shutil.copytree(out / 'ckpt_00000010', ckpt)
+    damage(ckpt, how)
+    return ckpt, {p.name: p.read_bytes() for p in ckpt.iterdir()}
+
+
+@pytest.mark.parametrize('how', DAMAGE)
+def test_damaged_checkpoint_in_process(run, tmp_path, how, monkeypatch, capfd):
+    # sample.py run in this process, where torch is imported already: ~0.1 s, not ~2.5 s, a case
+    ckpt, before = damaged_copy(run, tmp_path, how)
+    monkeypatch.setattr(sys, 'argv', ['sample.py', f'--init_from={ckpt}', '--max_new_tokens=2'])
+    with pytest.raises(SystemExit) as e:
+        runpy.run_path(os.path.join(ROOT, 'sample.py'), run_name='__main__')
+    out, err = capfd.readouterr()
+    assert e.value.code == 2 and not out
+    assert err.splitlines() == [err.strip()], err
+    assert err.startswith(f'error: checkpoint {ckpt} is damaged ('), err
+    assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == before  # nothing written, or run
+
+
+@pytest.mark.parametrize('how', ['no hetgpt.json', 'model_args 3', 'shard truncated'])
+def test_damaged_checkpoint(run, tmp_path, how):
+    ckpt, before = damaged_copy(run, tmp_path, how)
+    # as init_from=resume finds it: the latest in out_dir
+    assert f'checkpoint {ckpt} is damaged (' in mistake(sample(f'--out_dir={tmp_path}'))
+    assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == before
