@@ -168,15 +168,9 @@ class GPT(nn.Module):
                 nn.init.normal_(p, mean=0.0, std=std)
 
     def num_params(self, non_embedding=True):
-        # Position embeddings do no matmul work, so MFU leaves them out (the tied wte does).
+        # non_embedding: without the position embeddings, which do no matmul work (the tied wte does)
         n = sum(p.numel() for p in self.parameters())
         return n - self.transformer.wpe.weight.numel() if non_embedding else n
-
-    def flops_per_token(self, seq_len=None):
-        # Training FLOPs per token, forward + backward: 6N for the matmuls with the weights and
-        # 12·L·C·T for attention scores and values (PaLM paper, appendix B).
-        c = self.config
-        return 6 * self.num_params() + 12 * c.n_layer * c.n_embd * (seq_len or c.block_size)
 
     def forward(self, idx, targets=None, reduction='mean', caches=None, last_only=False):
         # idx, targets: (B, T) token ids; targets -1 are ignored. With reduction='sum' the loss is
@@ -233,6 +227,19 @@ class GPT(nn.Module):
             if on_token is not None:
                 on_token(idx_next)
         return idx
+
+
+def make_optimizer(params, learning_rate=6e-4, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8):
+    # AdamW, decaying the matmul weights and embeddings but not biases and LayerNorm gains. The
+    # planner steps this once on a small model to learn its state bytes per parameter: another
+    # optimizer here is planned right.
+    params = list(params)
+    groups = [{'params': [p for p in params if p.dim() >= 2], 'weight_decay': weight_decay},
+              {'params': [p for p in params if p.dim() < 2], 'weight_decay': 0.0}]
+    try:
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, eps=eps, fused=True)
+    except (RuntimeError, TypeError):  # no fused kernel for this device or torch version
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, eps=eps, foreach=True)
 
 
 def config_from(d):

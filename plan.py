@@ -23,7 +23,9 @@ from collections import Counter
 from dataclasses import dataclass, field, fields, replace
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
+import model as network  # looked up at call time: a test may swap in a variant of a module
 from configurator import configure, die
 from model import GPT, LOSS_CHUNK, GPTConfig, config_from
 
@@ -80,7 +82,6 @@ LINK_EFFICIENCY = 0.7   # NCCL bus bandwidth / link's nominal (nccl-tests: ~230 
 PCIE_EFFICIENCY = 0.7   # pinned copies / PCIe nominal (notes: A100 H2D 25 of 31.5, H100 35-53 of 63 GB/s)
 HBM_EFFICIENCY = 0.7    # fused AdamW's streaming / HBM peak
 HOST_ADAM_BW = 100e9    # bytes/s per node for the CPU AdamW step (memory bound; train.py measures it)
-ADAM_BYTES = 32         # per parameter per step: read p, g, m, v (16), write p, m, v (12), clipping reads g (4)
 LAUNCH_S = 1e-4         # seconds per layer per micro-batch (forward + backward kernel launches)
 FSDP_GROUP_S = 2e-4     # seconds per FSDP group per micro-batch: hooks, copy-in/copy-out (fwd + bwd)
 CPU_FLOPS = 1e11        # FLOP/s of a CPU rank when not measured (2 AVX-512 cores, float32)
@@ -159,29 +160,21 @@ def _shapes(n_layer, n_head, n_embd, vocab_size, bias):
     # out: it is (block_size, n_embd) and is added per call, so that block_size can vary for free.
     cfg = GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, vocab_size=vocab_size, bias=bias, block_size=1)
     with torch.device('meta'):
-        model = GPT(cfg)
+        model = network.GPT(cfg)
     in_blocks = {id(p) for b in model.transformer.h for p in b.parameters()}
     block = tuple(tuple(p.shape) for p in model.transformer.h[0].parameters())
     root = tuple(tuple(p.shape) for n, p in model.named_parameters()  # named_parameters lists the tied weight once
                  if id(p) not in in_blocks and n != 'transformer.wpe.weight')
-    # The weights of the last Linear a block's forward calls (found by running it on the meta
-    # device): non-reentrant checkpointing stops recomputing once the saved tensors are back, so
-    # it never reruns that matmul (its input and weight exist before it runs).
-    calls = []
-    for m in model.transformer.h[0].modules():
-        if isinstance(m, torch.nn.Linear):
-            m.register_forward_hook(lambda m, args, out: calls.append(m.weight.numel()))
-    model.transformer.h[0](torch.empty(1, 2, n_embd, device='meta'))
-    return block, root, calls[-1]
+    return block, root
 
 
 def counts(model_config):
     c = _config(model_config)
-    block, root, last_linear = _shapes(c.n_layer, c.n_head, c.n_embd, c.vocab_size, c.bias)
+    block, root = _shapes(c.n_layer, c.n_head, c.n_embd, c.vocab_size, c.bias)
     root = root + ((c.block_size, c.n_embd),)
     numel = lambda shapes: sum(math.prod(s) for s in shapes)
     return dict(total=c.n_layer * numel(block) + numel(root), block=numel(block), root=numel(root),
-                block_shapes=block, root_shapes=root, wpe=c.block_size * c.n_embd, last_linear=last_linear)
+                block_shapes=block, root_shapes=root, wpe=c.block_size * c.n_embd)
 
 
 def _sharded(shapes, n):
@@ -195,15 +188,115 @@ def _pinned(shapes, n):
     return sum(1 << (4 * math.ceil(s[0] / n) * math.prod(s[1:]) - 1).bit_length() for s in shapes)
 
 
+# -----------------------------------------------------------------------------
+# What the model saves for backward and what its optimizer keeps, measured rather than assumed: a
+# researcher's edit to model.py (another MLP, attention, normalisation) is planned right as is.
+def _storage_bytes(tensors, exclude):
+    seen = {}
+    for t in tensors:
+        ref = StorageWeakRef(t.untyped_storage())
+        if ref not in exclude:
+            seen[ref] = t.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+def _saved(fn, params, *inputs):
+    # Bytes that autograd saves for backward while fn runs (each storage once; the parameters
+    # themselves are model states, not activations), and fn's output.
+    packed = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
+        out = fn(*inputs)
+    return _storage_bytes(packed, {StorageWeakRef(p.untyped_storage()) for p in params}), out
+
+
+@functools.lru_cache(maxsize=None)
+def saved_bytes(config_items, param_dtype, autocast_dtype):
+    # One block, and the rest (embeddings, ln_f, the loss), run forward on fake tensors at the
+    # real sequence length for micro-batches of 1 and 2 sequences, under a dtype policy: float32;
+    # float32 weights under autocast (DDP); 16-bit weights (FSDP2's param_dtype). Saved bytes are
+    # affine in the micro-batch: per sequence, and fixed (autocast's 16-bit weight copies, the
+    # loss's float32 weight gradient). Also the bytes of a block's input per sequence, which is
+    # what per-block checkpointing keeps. No memory is allocated; cached by shape.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    cfg = GPTConfig(**dict(config_items))
+    s, h = cfg.block_size, cfg.n_embd
+    autocast = torch.autocast('cpu', dtype=autocast_dtype, enabled=autocast_dtype is not None)
+    default = torch.get_default_dtype()
+    found = {}
+    with FakeTensorMode():
+        torch.set_default_dtype(param_dtype)
+        try:
+            block = network.Block(cfg)
+            rest = network.GPT(replace(cfg, n_layer=0))
+        finally:
+            torch.set_default_dtype(default)
+        stream = param_dtype if autocast_dtype is None else torch.float32
+        for b in (1, 2):
+            x = torch.empty(b, s, h, dtype=stream, requires_grad=True)
+            idx = torch.zeros(b, s, dtype=torch.long)
+            with autocast:
+                found['block', b], y = _saved(block, block.parameters(), x)
+                found['rest', b], _ = _saved(lambda i: rest(i, i), rest.parameters(), idx)
+    per = {k: found[k, 2] - found[k, 1] for k in ('block', 'rest')}
+    fixed = {k: found[k, 1] - per[k] for k in ('block', 'rest')}
+    return dict(block=per['block'], rest=per['rest'], block_fixed=fixed['block'],
+                rest_fixed=fixed['rest'], block_input=y[:1].numel() * y.element_size())
+
+
+def activation_bytes(model_config, strategy, dtype):
+    # saved_bytes for this config under the dtype policy train.py uses with this strategy.
+    half = {'bfloat16': torch.bfloat16, 'float16': torch.float16}.get(str(dtype).replace('torch.', ''))
+    policy = (torch.float32, None) if half is None else (half, None) if flags(strategy)['shard'] \
+        else (torch.float32, half)
+    return saved_bytes(tuple(sorted(vars(_config(model_config)).items())), *policy)
+
+
+@functools.lru_cache(maxsize=None)
+def optimizer_state_bytes():
+    # Optimizer state per parameter (AdamW: 8), measured: one step of model.make_optimizer, the
+    # optimizer train.py builds, on a small model; scalars such as AdamW's step count are left out.
+    torch.manual_seed(0)
+    net = network.GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=8, vocab_size=64))
+    optimizer = network.make_optimizer(net.parameters())
+    for p in net.parameters():
+        p.grad = torch.randn_like(p)
+    optimizer.step()
+    state = [t for st in optimizer.state.values() for t in st.values() if torch.is_tensor(t) and t.numel() > 1]
+    return _storage_bytes(state, set()) / sum(p.numel() for p in net.parameters())
+
+
+@functools.lru_cache(maxsize=None)
+def model_flops(config_items):
+    # Training FLOPs of one sequence, counted (FlopCounterMode) on fake tensors: one block forward
+    # and backward, plain and under the checkpointing train.py applies (whose recompute stops
+    # short of the block's last matmul), and the rest (embeddings, ln_f, the loss's matmuls).
+    # Attention runs as SDPA's math kernel here, which the counter sees: its full s×s products,
+    # PaLM's 12·h·s per token and layer (the fused kernels of the CPU and GPU skip the masked
+    # half, or are not counted at all on the CPU).
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.checkpoint import checkpoint
+    from torch.utils.flop_counter import FlopCounterMode
+    cfg = GPTConfig(**dict(config_items))
+    counted = {}
+    with FakeTensorMode(), sdpa_kernel(SDPBackend.MATH):
+        block, rest = network.Block(cfg), network.GPT(replace(cfg, n_layer=0))
+        x = torch.empty(1, cfg.block_size, cfg.n_embd, requires_grad=True)
+        idx = torch.zeros(1, cfg.block_size, dtype=torch.long)
+        runs = dict(block=lambda: block(x), ac=lambda: checkpoint(block, x, use_reentrant=False),
+                    rest=lambda: rest(idx, idx)[1])
+        for name, run in runs.items():
+            with FlopCounterMode(display=False) as counter:
+                run().sum().backward()
+            counted[name] = counter.get_total_flops()
+    return counted
+
+
 def flops_per_sequence(model_config, ac=False):
-    # Training FLOPs of one sequence: 6 per weight per token + attention 12·L·h·s per token (PaLM,
-    # appendix B; as GPT.flops_per_token; wpe does no matmul). Checkpointing reruns the blocks'
-    # forward but for their last Linear (see _shapes): 2 per other block weight per token, and
-    # attention's forward third.
-    c, n = _config(model_config), counts(model_config)
-    s, L, h = c.block_size, c.n_layer, c.n_embd
-    f = 6 * (n['total'] - n['wpe']) + 12 * L * h * s
-    return s * (f + (2 * L * (n['block'] - n['last_linear']) + 4 * L * h * s if ac else 0))
+    # Training FLOPs of one sequence (model_flops): MFU's numerator everywhere, train.py's too.
+    c = _config(model_config)
+    f = model_flops(tuple(sorted(vars(c).items())))
+    return c.n_layer * f['ac' if ac else 'block'] + f['rest']
 
 
 # -----------------------------------------------------------------------------
@@ -214,39 +307,33 @@ def estimate(model_config, strategy, micro_batch, world_size, dtype='bfloat16', 
     N, b, s, h, L, V = world_size, micro_batch, cfg.block_size, cfg.n_embd, cfg.n_layer, cfg.vocab_size
     P, Pb, Pr = n['total'], n['block'], n['root']
     cb = 4 if str(dtype).replace('torch.', '') in ('float32', 'fp32') else 2  # bytes of the compute dtype
-    # Model states (ZeRO paper, arXiv 1910.02054): AdamW with fp32 master weights = 16 B/param:
-    # fp32 params 4 + fp32 grads 4 + exp_avg, exp_avg_sq 8. DDP (gradient_as_bucket_view: the grads
-    # are the buckets) keeps them all; FSDP2 shards all three by N (fp32 shards; reduce_dtype fp32).
+    # Model states: fp32 params 4 + fp32 grads 4 + the optimizer's state (measured; AdamW's 8 makes
+    # ZeRO's 16 B/param). DDP (gradient_as_bucket_view: the grads are the buckets) keeps them all;
+    # FSDP2 shards all three by N (fp32 shards; reduce_dtype fp32).
     mine = _sharded(n['block_shapes'], N) * L + _sharded(n['root_shapes'], N) if f['shard'] else P
-    part = dict(params=4 * mine, grads=4 * mine, optim=8 * mine)
+    optim = round(optimizer_state_bytes() * mine)
+    part = dict(params=4 * mine, grads=4 * mine, optim=optim)
     # FSDP2 accumulating without sync (set_requires_gradient_sync(False)) keeps every parameter's
     # gradient unsharded in reduce_dtype (fp32) on the device until the reduce-scatter
     unsharded_grads = 4 * P if f['shard'] and accumulate else 0
     host_rank = 0 if device == 'cpu' else PROCESS_HOST
     if f['offload']:  # CPUOffloadPolicy: shards on the host, pinned params and grads; AdamW steps there
-        host_rank += _pinned(n['block_shapes'], N) * L * 2 + _pinned(n['root_shapes'], N) * 2 + 8 * mine
+        host_rank += _pinned(n['block_shapes'], N) * L * 2 + _pinned(n['root_shapes'], N) * 2 + optim
         part = dict(params=0, grads=0, optim=0)
     part['grads'] += unsharded_grads
-    # Activations (Korthikanti et al., arXiv 2205.05198): 34·s·b·h per layer in 16-bit with no
-    # s^2 term (SDPA) = 30 in the compute dtype + two LayerNorm inputs in the residual stream's
-    # dtype. DDP keeps fp32 weights under autocast, so its residual stream is fp32 (embeddings
-    # and adds stay fp32); FSDP2's bf16 weights keep it 16-bit. float32 compute doubles it all.
-    resid = 4 if (cb == 4 or not f['shard']) else 2
-    layer = s * b * h * (15 * cb + 2 * resid)
-    # per-block checkpointing keeps each block's input, and one block is recomputed at a time
-    blocks = L * s * b * h * resid + layer if f['ac'] else L * layer
-    head = s * b * h * (resid + cb)  # ln_f's input, and its output saved for lm_head
+    # Activations: what autograd saves, measured per sequence (saved_bytes). Per-block
+    # checkpointing keeps each block's input, and one block is recomputed at a time.
+    a = activation_bytes(cfg, strategy, dtype)
+    blocks = L * b * a['block_input'] + b * a['block'] if f['ac'] else L * b * a['block']
     # The loss (model.LMHeadLoss) never holds the micro-batch's logits: one chunk of them at a time
-    # (compute dtype and float32), the gradients of a group of chunks (compute dtype, and their
-    # concatenation), and from forward to backward the gradients of ln_f's output and of the head's
-    # weight (float32 V·h, and its scaled copy). (Whole chunks and groups even when the micro-batch is
-    # smaller, so that totals stay affine in b.)
+    # (compute dtype and float32) and the gradients of a group of chunks (compute dtype, and their
+    # concatenation) come and go in its forward; its backward scales the head's float32 gradient.
     rows, group = LOSS_CHUNK.get(device, (1024, 1024))
-    logits = rows * V * (4 + cb) + 2 * group * V * cb + s * b * h * resid + 8 * V * h
-    activations = blocks + head + logits
+    logits = rows * V * (4 + cb) + 2 * group * V * cb + 4 * V * h
+    activations = blocks + b * a['rest'] + a['rest_fixed'] + logits
     if not f['shard']:
-        # autocast's 16-bit copies of the weights, saved for backward (only the live block's under AC)
-        buffers = 0 if cb == 4 else 2 * ((Pb + Pr) if f['ac'] else P)
+        # autocast's 16-bit copies of the weights, saved for backward (the live block's under AC)
+        buffers = a['block_fixed'] * (1 if f['ac'] else L)
     else:
         # FSDP2 buffers: the root group is never resharded after forward, and the tied
         # wte/lm_head gradient lives through the whole backward (params + grads unsharded); the
@@ -530,7 +617,9 @@ def _evaluate_one(cfg, batch, ranks, strategy, mbs, dtype, inter_node_bw, accumu
     # Optimizer step: fused AdamW, memory bound, on the device; on the host under offload (or for
     # CPU ranks), where the ranks of a node share its memory bandwidth.
     on_host = lambda r: f['offload'] or r['device'] == 'cpu'
-    opt = [ADAM_BYTES * mine * (per_node[r['node']] / HOST_ADAM_BW if on_host(r)
+    # the optimizer step streams p, g and its state in, p and the state out; clipping reads g
+    step_bytes = 16 + 2 * optimizer_state_bytes()
+    opt = [step_bytes * mine * (per_node[r['node']] / HOST_ADAM_BW if on_host(r)
                                 else 1 / (_dev(r)['hbm'] * 1e9 * HBM_EFFICIENCY)) for r in ranks]
     bw, ring = _bandwidth(ranks, inter_node_bw), (R - 1) / R
     cb = 4 if dtype in ('float32', 'fp32') else 2

@@ -39,7 +39,7 @@ import ckpt
 import guard
 import hf
 from ckpt import checkpoints
-from model import GPT, LMHeadLoss, chunk_loss, config_from
+from model import GPT, LMHeadLoss, chunk_loss, config_from, make_optimizer
 
 # -----------------------------------------------------------------------------
 # I/O
@@ -288,13 +288,7 @@ if not run_plan.shard:
         autocast = torch.autocast(device_type=device_type, dtype=ptdtype)
     model = DDP(raw_model, gradient_as_bucket_view=True) if world_size > 1 else raw_model
 
-decay = [p for p in model.parameters() if p.dim() >= 2]   # matmul weights and embeddings
-no_decay = [p for p in model.parameters() if p.dim() < 2]  # biases and LayerNorm gains
-groups = [{'params': decay, 'weight_decay': weight_decay}, {'params': no_decay, 'weight_decay': 0.0}]
-try:
-    optimizer = torch.optim.AdamW(groups, lr=learning_rate, betas=(beta1, beta2), eps=adam_eps, fused=True)
-except (RuntimeError, TypeError):  # no fused kernel for this device or torch version
-    optimizer = torch.optim.AdamW(groups, lr=learning_rate, betas=(beta1, beta2), eps=adam_eps, foreach=True)
+optimizer = make_optimizer(model.parameters(), learning_rate, weight_decay, (beta1, beta2), adam_eps)
 scaler = torch.amp.GradScaler(device_type, enabled=dtype == 'float16')
 
 
@@ -441,7 +435,7 @@ def evaluate():
 peak = planner.peak_flops(me['gpu'], dtype) if me['gpu'] else None
 peak_sum = torch.tensor(peak or float('nan'), dtype=torch.float64)  # nan when any rank's is unknown
 dist.all_reduce(peak_sum)  # host tensor (gloo)
-flops_per_token = raw_model.flops_per_token(block_size)
+flops_per_token = planner.flops_per_sequence({**vars(model_args), 'block_size': block_size}) / block_size
 tokens_per_step = batch_size * block_size
 wandb_run = None
 if wandb_log and master:

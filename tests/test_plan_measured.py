@@ -1,0 +1,182 @@
+"""Issue 12: the planner reads the model and the optimizer as built, so a researcher's edit to
+model.py is planned right with plan.py untouched. Each variant is swapped into the model module the
+way an edit would change it; each expectation is measured here on real CPU tensors."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import pytest
+
+import model
+import plan as planner
+from model import GPTConfig
+
+CFG = GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=64, vocab_size=512, bias=False)
+
+
+class SwiGLU(nn.Module):  # LLaMA's MLP: three matrices, 8/3 width, SiLU gate
+    def __init__(self, config):
+        super().__init__()
+        hidden = 8 * config.n_embd // 3
+        self.w1 = nn.Linear(config.n_embd, hidden, bias=False)
+        self.w3 = nn.Linear(config.n_embd, hidden, bias=False)
+        self.c_proj = nn.Linear(hidden, config.n_embd, bias=False)
+
+    def forward(self, x):
+        return self.c_proj(F.silu(self.w1(x)) * self.w3(x))
+
+
+class WideMLP(nn.Module):  # GPT-2's MLP at 6× width instead of 4×
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 6 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(6 * config.n_embd, config.n_embd, bias=config.bias)
+
+    def forward(self, x):
+        return self.c_proj(F.gelu(self.c_fc(x), approximate='tanh'))
+
+
+class GroupedQueryAttention(nn.Module):  # 4 query heads share 1 key/value head
+    def __init__(self, config):
+        super().__init__()
+        self.n_head, self.n_kv, self.hd = config.n_head, 1, config.n_embd // config.n_head
+        self.q = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.kv = nn.Linear(config.n_embd, 2 * self.n_kv * self.hd, bias=False)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
+
+    def forward(self, x, cache=None):
+        B, T, C = x.shape
+        q = self.q(x).view(B, T, self.n_head, self.hd).transpose(1, 2)
+        k, v = self.kv(x).view(B, T, 2, self.n_kv, self.hd).permute(2, 0, 3, 1, 4)
+        rep = self.n_head // self.n_kv
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+VARIANTS = {'gpt2': {}, 'swiglu': {'MLP': SwiGLU}, 'wide_mlp': {'MLP': WideMLP},
+            'gqa': {'CausalSelfAttention': GroupedQueryAttention}}
+POLICIES = {  # strategy, dtype -> (parameter dtype, autocast dtype), as train.py runs them
+    ('fsdp', 'float32'): (torch.float32, None), ('ddp', 'bfloat16'): (torch.float32, torch.bfloat16),
+    ('fsdp', 'bfloat16'): (torch.bfloat16, None)}
+
+
+def forget():  # the planner caches what it measured by shape; a variant has the same shape
+    for cached in (planner._shapes, planner.saved_bytes, planner.model_flops):
+        cached.cache_clear()
+
+
+@pytest.fixture
+def variant(monkeypatch, request):
+    for name, cls in VARIANTS[request.param].items():
+        monkeypatch.setattr(model, name, cls)
+    forget()
+    yield request.param
+    forget()
+
+
+def measured_block_bytes(param_dtype, autocast_dtype):
+    # Bytes autograd saves in one real block, per sequence: micro-batches of 2 and 1 on real CPU
+    # tensors, distinct storages (by address) that are not parameters.
+    torch.manual_seed(0)
+    block = model.Block(CFG).to(param_dtype)
+    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
+    saved = []
+    for b in (1, 2):
+        storages = {}
+
+        def pack(t):
+            st = t.untyped_storage()
+            if st.data_ptr() not in params:
+                storages[st.data_ptr()] = st.nbytes()
+            return t
+        x = torch.randn(b, CFG.block_size, CFG.n_embd,
+                        dtype=torch.float32 if autocast_dtype else param_dtype, requires_grad=True)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+                torch.autocast('cpu', dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            block(x)
+        saved.append(sum(storages.values()))
+    return saved[1] - saved[0]
+
+
+@pytest.mark.parametrize('variant', sorted(VARIANTS), indirect=True)
+@pytest.mark.parametrize('policy', sorted(POLICIES))
+def test_activation_bytes_follow_an_edit_to_the_model(variant, policy):
+    expected = measured_block_bytes(*POLICIES[policy])
+    predicted = planner.activation_bytes(CFG, *policy)['block']
+    assert predicted == pytest.approx(expected, rel=0.05), (variant, policy)
+    # and the estimate grows by that much per sequence in every layer
+    per_sequence = [planner.estimate(CFG, policy[0], b, 1, dtype=policy[1])['activations'] for b in (1, 2)]
+    rest = planner.activation_bytes(CFG, *policy)['rest']
+    assert per_sequence[1] - per_sequence[0] == pytest.approx(CFG.n_layer * expected + rest, rel=0.05)
+
+
+@pytest.mark.parametrize('variant', sorted(VARIANTS), indirect=True)
+def test_flops_and_parameters_follow_an_edit_to_the_model(variant):
+    # Counted here on a real CPU model, forward and backward with the loss; the CPU's SDPA kernel
+    # is not counted, so attention's 12·h·s per token and layer (PaLM) is added by formula.
+    from torch.utils.flop_counter import FlopCounterMode
+    torch.manual_seed(0)
+    net = model.GPT(CFG)
+    idx = torch.randint(0, CFG.vocab_size, (1, CFG.block_size))
+    with FlopCounterMode(display=False) as counter:
+        net(idx, idx)[1].backward()
+    s, h, L = CFG.block_size, CFG.n_embd, CFG.n_layer
+    expected = counter.get_total_flops() + L * 12 * h * s * s
+    assert planner.flops_per_sequence(CFG) == pytest.approx(expected, rel=0.02)
+    assert planner.counts(CFG)['total'] == sum(p.numel() for p in net.parameters())
+
+
+def test_the_variants_differ_from_gpt2(monkeypatch):
+    # (else the test above would not tell them apart)
+    base = measured_block_bytes(torch.bfloat16, None)
+    for name in ('swiglu', 'wide_mlp'):
+        for attr, cls in VARIANTS[name].items():
+            monkeypatch.setattr(model, attr, cls)
+        assert abs(measured_block_bytes(torch.bfloat16, None) - base) > 0.1 * base
+        monkeypatch.undo()
+
+
+class Lion(torch.optim.Optimizer):  # one state per parameter (Chen et al. 2023)
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0):
+        super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            b1, b2 = group['betas']
+            for p in group['params']:
+                m = self.state[p].setdefault('exp_avg', torch.zeros_like(p))
+                p.mul_(1 - group['lr'] * group['weight_decay'])
+                p.add_(torch.sign(m * b1 + p.grad * (1 - b1)), alpha=-group['lr'])
+                m.mul_(b2).add_(p.grad, alpha=1 - b2)
+
+
+OPTIMIZERS = {
+    'adamw': None,  # model.make_optimizer as it is
+    'sgd_momentum': lambda params, *args: torch.optim.SGD(params, lr=0.1, momentum=0.9),
+    'lion': lambda params, *args: Lion(params),
+    'sgd_plain': lambda params, *args: torch.optim.SGD(params, lr=0.1),
+}
+
+
+@pytest.mark.parametrize('name', sorted(OPTIMIZERS))
+def test_optimizer_state_follows_the_optimizer_train_py_builds(monkeypatch, name):
+    if OPTIMIZERS[name]:
+        monkeypatch.setattr(model, 'make_optimizer', OPTIMIZERS[name])
+    planner.optimizer_state_bytes.cache_clear()
+    try:
+        # measured here: the state one real step leaves on a plain Linear
+        layer = nn.Linear(48, 40)
+        optimizer = model.make_optimizer(layer.parameters())
+        for p in layer.parameters():
+            p.grad = torch.ones_like(p)
+        optimizer.step()
+        state = sum(t.nbytes for st in optimizer.state.values() for t in st.values()
+                    if torch.is_tensor(t) and t.dim() > 0)
+        per_param = state / sum(p.numel() for p in layer.parameters())
+        assert planner.optimizer_state_bytes() == pytest.approx(per_param)
+        assert planner.estimate(CFG, 'ddp', 1, 1)['optim'] == pytest.approx(
+            per_param * planner.counts(CFG)['total'], abs=1)
+    finally:
+        planner.optimizer_state_bytes.cache_clear()
+    assert per_param == {'adamw': 8, 'sgd_momentum': 4, 'lion': 4, 'sgd_plain': 0}[name]
