@@ -26,7 +26,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 import model as network  # looked up at call time: a test may swap in a variant of a module
-from configurator import configure, die
+from configurator import configure, die, oneline
 from model import GPT, LOSS_CHUNK, GPTConfig, config_from
 
 GiB = 2**30
@@ -243,12 +243,21 @@ def saved_bytes(config_items, param_dtype, autocast_dtype):
                 rest_fixed=fixed['rest'], block_input=y[:1].numel() * y.element_size())
 
 
+def _measured(measure, *args):
+    # What cannot be measured cannot be planned: say so in one line.
+    try:
+        return measure(*args)
+    except Exception as e:
+        die(f"the planner cannot run model.py's network on fake tensors to measure it "
+            f"({oneline(e)}): keep its forward free of data-dependent Python (.item(), numpy)")
+
+
 def activation_bytes(model_config, strategy, dtype):
     # saved_bytes for this config under the dtype policy train.py uses with this strategy.
     half = {'bfloat16': torch.bfloat16, 'float16': torch.float16}.get(str(dtype).replace('torch.', ''))
     policy = (torch.float32, None) if half is None else (half, None) if flags(strategy)['shard'] \
         else (torch.float32, half)
-    return saved_bytes(tuple(sorted(vars(_config(model_config)).items())), *policy)
+    return _measured(saved_bytes, tuple(sorted(vars(_config(model_config)).items())), *policy)
 
 
 @functools.lru_cache(maxsize=None)
@@ -263,6 +272,23 @@ def optimizer_state_bytes():
     optimizer.step()
     state = [t for st in optimizer.state.values() for t in st.values() if torch.is_tensor(t) and t.numel() > 1]
     return _storage_bytes(state, set()) / sum(p.numel() for p in net.parameters())
+
+
+@functools.lru_cache(maxsize=None)
+def optimizer_updates_shards_alone():
+    # FSDP2 steps each rank's dim-0 shard of a matrix on its own. An elementwise optimizer (AdamW,
+    # SGD, Lion) updates the halves of a matrix as it updates the whole; one whose update needs the
+    # whole matrix (Muon's orthogonalisation) does not, and cannot run sharded.
+    torch.manual_seed(0)
+    whole = torch.nn.Parameter(torch.randn(8, 6))
+    halves = [torch.nn.Parameter(half.clone()) for half in whole.detach().split(4)]
+    grad = torch.randn(8, 6)
+    for params, grads in (([whole], [grad]), (halves, grad.split(4))):
+        optimizer = network.make_optimizer(params)
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        optimizer.step()
+    return torch.allclose(whole.detach(), torch.cat([h.detach() for h in halves]), atol=1e-6)
 
 
 @functools.lru_cache(maxsize=None)
@@ -295,7 +321,7 @@ def model_flops(config_items):
 def flops_per_sequence(model_config, ac=False):
     # Training FLOPs of one sequence (model_flops): MFU's numerator everywhere, train.py's too.
     c = _config(model_config)
-    f = model_flops(tuple(sorted(vars(c).items())))
+    f = _measured(model_flops, tuple(sorted(vars(c).items())))
     return c.n_layer * f['ac' if ac else 'block'] + f['rest']
 
 
@@ -746,6 +772,11 @@ def make_plan(model_config, batch_size, ranks, plan='auto', micro_batch_size=0, 
     dtype = str(dtype).replace('torch.', '')
     assert plan == 'auto' or plan in STRATEGIES, f"plan={plan!r}: choose auto or one of {', '.join(STRATEGIES)}"
     tried = STRATEGIES if plan == 'auto' else (plan,)
+    if not optimizer_updates_shards_alone():
+        if flags(tried[0])['shard'] and plan != 'auto':
+            die(f"plan={plan}: model.make_optimizer's update of a matrix is not the update of its "
+                f"row shards (FSDP would change it): use plan=ddp or plan=ddp+ac")
+        tried = tuple(s for s in tried if not flags(s)['shard'])
     results = [_evaluate(cfg, batch_size, ranks, s, micro_batch_size, dtype, inter_node_bw) for s in tried]
     feasible = [r for r in results if 'step' in r]
     best = min(feasible, key=lambda r: r['step']) if feasible else None

@@ -180,3 +180,48 @@ def test_optimizer_state_follows_the_optimizer_train_py_builds(monkeypatch, name
     finally:
         planner.optimizer_state_bytes.cache_clear()
     assert per_param == {'adamw': 8, 'sgd_momentum': 4, 'lion': 4, 'sgd_plain': 0}[name]
+
+
+class OrthogonalSGD(torch.optim.Optimizer):  # Muon-like: the update of a matrix is orthogonalised
+    def __init__(self, params, lr=0.02):
+        super().__init__(params, dict(lr=lr))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group['params']:
+                g = p.grad if p.dim() < 2 else torch.linalg.svd(p.grad, full_matrices=False)[0] @ \
+                    torch.linalg.svd(p.grad, full_matrices=False)[2]
+                p.add_(g, alpha=-group['lr'])
+
+
+def test_a_whole_matrix_optimizer_is_never_sharded(monkeypatch):
+    monkeypatch.setattr(model, 'make_optimizer', lambda params, *args: OrthogonalSGD(params))
+    planner.optimizer_updates_shards_alone.cache_clear()
+    try:
+        assert not planner.optimizer_updates_shards_alone()
+        ranks = [dict(device='cuda', gpu='A100-80GB', mem=80 * 2**30)] * 8
+        p = planner.make_plan(CFG, 64, ranks)
+        assert not p.shard and p.fits
+        with pytest.raises(SystemExit) as e:
+            planner.make_plan(CFG, 64, ranks, plan='fsdp')
+        assert e.value.code == 2
+    finally:
+        planner.optimizer_updates_shards_alone.cache_clear()
+        monkeypatch.undo()
+    assert planner.optimizer_updates_shards_alone()  # AdamW, as model.py has it
+
+
+def test_a_forward_the_trace_cannot_run_is_one_line(monkeypatch, capsys):
+    class NumpyMLP(model.MLP):  # reads a value back to Python: impossible on fake tensors
+        def forward(self, x):
+            return super().forward(x) * float(x.abs().max().item() > 0)
+    monkeypatch.setattr(model, 'MLP', NumpyMLP)
+    forget()
+    try:
+        with pytest.raises(SystemExit) as e:
+            planner.estimate(CFG, 'ddp', 1, 1)
+    finally:
+        forget()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and 'fake tensors' in err[0]
