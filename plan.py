@@ -328,7 +328,7 @@ def flops_per_sequence(model_config, ac=False):
 # -----------------------------------------------------------------------------
 # The estimator: bytes on one rank
 def estimate(model_config, strategy, micro_batch, world_size, dtype='bfloat16', ranks_per_node=None,
-             overhead=None, device='cuda', accumulate=False):
+             overhead=None, device='cuda', accumulate=False, micro_batches=2):
     cfg, n, f = _config(model_config), counts(model_config), flags(strategy)
     N, b, s, h, L, V = world_size, micro_batch, cfg.block_size, cfg.n_embd, cfg.n_layer, cfg.vocab_size
     P, Pb, Pr = n['total'], n['block'], n['root']
@@ -347,16 +347,21 @@ def estimate(model_config, strategy, micro_batch, world_size, dtype='bfloat16', 
         host_rank += _pinned(n['block_shapes'], N) * L * 2 + _pinned(n['root_shapes'], N) * 2 + optim
         part = dict(params=0, grads=0, optim=0)
     part['grads'] += unsharded_grads
-    # Activations: what autograd saves, measured per sequence (saved_bytes). Per-block
-    # checkpointing keeps each block's input, and one block is recomputed at a time.
     a = activation_bytes(cfg, strategy, dtype)
-    blocks = L * b * a['block_input'] + b * a['block'] if f['ac'] else L * b * a['block']
     # The loss (model.LMHeadLoss) never holds the micro-batch's logits: one chunk of them at a time
     # (compute dtype and float32) and the gradients of a group of chunks (compute dtype, and their
     # concatenation) come and go in its forward; its backward scales the head's float32 gradient.
     rows, group = LOSS_CHUNK.get(device, (1024, 1024))
-    logits = rows * V * (4 + cb) + 2 * group * V * cb + 4 * V * h
-    activations = blocks + b * a['rest'] + a['rest_fixed'] + logits
+    tokens = b * s
+    logits = min(rows, tokens) * V * (4 + cb) + 2 * min(group, tokens) * V * cb + 4 * V * h
+    # Activations: what autograd saves, measured per sequence (saved_bytes). Per-block
+    # checkpointing keeps each block's input and recomputes one block at a time in the backward,
+    # after the loss's working set is gone.
+    saved = b * a['rest'] + a['rest_fixed']
+    if f['ac']:
+        activations = L * b * a['block_input'] + saved + max(b * a['block'], logits)
+    else:
+        activations = L * b * a['block'] + saved + logits
     if not f['shard']:
         # autocast's 16-bit copies of the weights, saved for backward (the live block's under AC)
         buffers = a['block_fixed'] * (1 if f['ac'] else L)
@@ -373,7 +378,12 @@ def estimate(model_config, strategy, micro_batch, world_size, dtype='bfloat16', 
         overhead = GPU_OVERHEAD if device == 'cuda' else CPU_OVERHEAD
     other = buffers + ALLOC_SLACK * (activations + buffers) + overhead
     part.update(activations=activations, other=int(other))
-    part['total'] = sum(part.values())
+    # The peak, not the sum of the parts: activations are freed as backward makes the gradients,
+    # so both are held at once only when gradients outlive a step's forward: earlier micro-batches'
+    # (micro_batches > 1, FSDP's unsharded accumulation) or DDP's buckets (several ranks).
+    held = micro_batches > 1 or accumulate or (N > 1 and not f['shard'])
+    grads_and_activations = part['grads'] + activations if held else max(part['grads'], activations)
+    part['total'] = part['params'] + part['optim'] + int(other) + grads_and_activations
     part['host_rank'] = host_rank
     part['host'] = host_rank * (ranks_per_node or min(N, 8))
     return part
@@ -612,16 +622,20 @@ def _evaluate_one(cfg, batch, ranks, strategy, mbs, dtype, inter_node_bw, accumu
     f, R, n = flags(strategy), len(ranks), counts(cfg)
     per_node = Counter(r['node'] for r in ranks)
     used = lambda r, e: e['total'] + (e['host_rank'] if r['device'] == 'cpu' else 0)  # a CPU rank's RAM holds both
-    est = lambda r, b: estimate(cfg, strategy, b, R, dtype, per_node[r['node']], r['overhead'], r['device'], accumulate)
+    est = lambda r, b, micro_batches=2: estimate(cfg, strategy, b, R, dtype, per_node[r['node']], r['overhead'],
+                                                 r['device'], accumulate, micro_batches)
     caps, memo = [], {}
-    for r in ranks:  # the largest micro-batch under the budget: totals are affine in b, so solve
+    for r in ranks:  # the largest micro-batch under the budget (totals grow with it)
         key = (r['device'], r['mem'], r['overhead'], per_node[r['node']])
         if key not in memo:
-            budget, e0, e1 = r['mem'] * r['fraction'], used(r, est(r, 0)), used(r, est(r, 1))
-            cap = 0 if e1 > budget else min(batch, int((budget - e0) // (e1 - e0)))
-            while cap > 1 and used(r, est(r, cap)) > budget:
-                cap -= 1
-            memo[key] = cap
+            budget, low, high = r['mem'] * r['fraction'], 0, batch
+            while low < high:
+                mid = (low + high + 1) // 2
+                low, high = (mid, high) if used(r, est(r, mid)) <= budget else (low, mid - 1)
+            # one rank whose whole batch is one micro-batch holds no gradients in its forward
+            if R == 1 and low < batch and used(r, est(r, batch, micro_batches=1)) <= budget:
+                low = batch
+            memo[key] = low
         caps.append(memo[key])
     host_need = Counter()  # a node's host bytes: its GPU ranks' (CPU ranks count theirs in their budget)
     for r in ranks:
@@ -692,7 +706,7 @@ def _evaluate_one(cfg, batch, ranks, strategy, mbs, dtype, inter_node_bw, accumu
         # the root group (tied embeddings) is gathered before anything can run and reduced after
         # everything has: its collectives are exposed
         step += ring * (cb + 4) * n['root'] / bw if R > 1 else 0.0
-    predicted = [est(r, max(max(ms), 1)) for r, ms in zip(ranks, sizes)]
+    predicted = [est(r, max(max(ms), 1), len(ms)) for r, ms in zip(ranks, sizes)]
     peaks = [_peak(r, dtype) for r in ranks]
     mfu = batch * flops_per_sequence(cfg) / step / sum(peaks) if all(peaks) else None
     result.update(share=share, sizes=sizes, predicted=predicted, step=step, mfu=mfu,

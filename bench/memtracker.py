@@ -1,0 +1,224 @@
+"""
+The planner's memory prediction (plan.estimate) against PyTorch's own memory trackers, on fake
+tensors (FakeTensorMode: shapes only, nothing allocated, no GPU needed). For each config, strategy
+and micro-batch, one rank of 8 runs two training steps as train.py does (forward with
+model(x, y, reduction='sum'), backward, clip_grad_norm_, make_optimizer's AdamW step,
+zero_grad(set_to_none=True)); the second step starts with the optimizer state in place, as every
+later step does. The peak of the live tensor bytes is compared with the prediction:
+
+  OMP_NUM_THREADS=2 .venv/bin/python bench/memtracker.py
+  OMP_NUM_THREADS=2 .venv/bin/python bench/memtracker.py configs/gpt_1p3b.py --strategies fsdp \
+      --micro_batches plan,1,2
+
+FSDP: FSDPMemTracker, FSDP2 fully_shard per block then the root (bf16 params, fp32 reduce), on a
+fake process group of 8 ranks. DDP: MemTracker on the bare model under bf16 autocast with fp32
+weights (DDP's C++ reducer cannot run on fake tensors); DDP's gradient buckets
+(gradient_as_bucket_view=True: the buckets are the gradients, and stay allocated when zero_grad
+drops the views) are stood in for by one flat fp32 buffer that the gradients are views of.
+Predicted: plan.estimate(..., overhead=0): without the CUDA context, cuBLAS workspace and NCCL
+buffers, which no tensor tracker sees; it does include the planner's 5% allocator slack
+(ALLOC_SLACK), which a tracker of live tensors has no counterpart for either ('-slack' column).
+Micro-batch 'plan': plan.make_plan's largest micro-batch for that strategy on 8×A100-80GB.
+Not part of `make test`.
+"""
+import argparse
+import functools
+import os
+import resource
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import fields
+
+import torch
+import torch.distributed as dist
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import model as network  # noqa: E402
+import plan as planner  # noqa: E402
+from configurator import configure  # noqa: E402
+from model import GPT, GPTConfig, config_from  # noqa: E402
+
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker  # noqa: E402
+from torch.distributed._tools.mem_tracker import MemTracker  # noqa: E402
+from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: E402
+from torch.distributed.tensor import _sharding_prop  # noqa: E402
+from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
+from torch.utils.checkpoint import checkpoint  # noqa: E402
+
+GiB = 2**30
+WORLD = 8
+GPUS = f'{WORLD}xA100-80GB'
+# Fake CUDA tensors cannot run backward without a GPU (the autograd engine asks the driver for a
+# device), so the fake tensors live on the CPU. The loss then chunks its logits as on a GPU.
+DEVICE = 'cpu'
+network.LOSS_CHUNK[DEVICE] = network.LOSS_CHUNK['cuda']
+# DTensor works out an op's output shape by running it on global-shape tensors in the active fake
+# mode, else in a new one. The trackers count the ops of the fake mode they were entered in, so
+# under our FakeTensorMode they would count those global-shape tensors (the optimizer step on
+# DTensor shards then "holds" a full unsharded copy of every parameter, grad and state). A new
+# fake mode per propagation, as outside FakeTensorMode, keeps them out of the count.
+_sharding_prop.detect_fake_mode = lambda *args: None
+# The trackers' reference types -> the columns printed (FSDPMemTracker's names, MemTracker's)
+COLUMNS = dict(params=('Sharded Param', 'Parameter'), grads=('Sharded Grad', 'Gradient'),
+               optim=('OptState', 'Optstate'), act=('Activation',), temp=('Temp',),
+               buffers=('Unsharded Param', 'Unsharded Grad', 'All Gather', 'Reduce Scatter'),
+               other=('Buffer', 'Other', 'Inputs'))
+
+
+def load(path):
+    # as plan.py's main: the config file over GPTConfig's defaults
+    defaults = {f.name: f.default for f in fields(GPTConfig)} | dict(batch_size=1)
+    config = configure(defaults, [path], strict_files=False)
+    return config_from(config), config['batch_size']
+
+
+def fake_model(cfg):
+    # The model built on the meta device (no weights), then each parameter made a fake tensor;
+    # tied parameters stay tied. (Module.to_empty cannot swap meta parameters for fake ones.)
+    with torch.device('meta'):
+        model = GPT(cfg)
+    made = {}
+    for m in model.modules():
+        for name, p in m._parameters.items():
+            if p is not None:
+                if id(p) not in made:
+                    made[id(p)] = torch.nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device=DEVICE))
+                m._parameters[name] = made[id(p)]
+    return model
+
+
+def track(cfg, strategy, micro_batch, mesh):
+    # Two training steps on fake tensors under the tracker: its peak and the breakdown there, and
+    # the phase in which the peak was reached.
+    f = planner.flags(strategy)
+    with FakeTensorMode():
+        model = fake_model(cfg)
+        if f['ac']:  # as train.py: non-reentrant checkpointing of each block
+            for block in model.transformer.h:
+                block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+        autocast, buckets = nullcontext(), None
+        if f['shard']:
+            kw = dict(mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                                 reduce_dtype=torch.float32))
+            for block in model.transformer.h:
+                fully_shard(block, reshard_after_forward=f['reshard_after_forward'], **kw)
+            fully_shard(model, **kw)
+        else:
+            autocast = torch.autocast(DEVICE, dtype=torch.bfloat16)
+            params = list(model.parameters())
+            buckets = torch.zeros(sum(p.numel() for p in params), device=DEVICE)
+            views, i = [], 0
+            for p in params:
+                views.append(buckets[i:i + p.numel()].view(p.shape))
+                i += p.numel()
+        optimizer = network.make_optimizer(model.parameters())
+        x = torch.zeros(micro_batch, cfg.block_size, dtype=torch.long, device=DEVICE)
+        y = torch.zeros_like(x)
+        tracker = FSDPMemTracker(model, optimizer) if f['shard'] else MemTracker()
+        if f['shard']:
+            tracker.track_inputs((x, y))
+        else:
+            tracker.track_external(model, optimizer, buckets, x, y)
+        phases, peak = [], 0
+        with tracker:
+            for step in (1, 2):
+                if buckets is not None:  # the gradients accumulate into the buckets, in place
+                    buckets.zero_()
+                    for p, v in zip(params, views):
+                        p.grad = v
+                for phase in ('forward', 'backward', 'optimizer'):
+                    if phase == 'forward':
+                        with autocast:
+                            _, loss = model(x, y, reduction='sum')
+                    elif phase == 'backward':
+                        loss.backward()
+                        del loss
+                    else:
+                        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                        optimizer.step()
+                        optimizer.zero_grad(set_to_none=True)
+                    now = tracker.get_tracker_snapshot('peak')[torch.device(DEVICE)]['Total']
+                    if now > peak:
+                        peak, where = now, f"{phase} {step}"
+                tracker.reset_mod_stats()  # else the tracker refuses a second iteration
+        snap = tracker.get_tracker_snapshot('peak')[torch.device(DEVICE)]
+    names = {str(getattr(k, 'value', k)): v for k, v in snap.items()}
+    parts = {c: sum(names.get(n, 0) for n in ns) for c, ns in COLUMNS.items()}
+    known = {n for ns in COLUMNS.values() for n in ns} | {'Total'}
+    assert set(names) <= known, f"tracker types not in COLUMNS: {set(names) - known}"
+    assert sum(parts.values()) == snap['Total']
+    return dict(parts, total=snap['Total'], where=where)
+
+
+def predict(cfg, strategy, micro_batch):
+    # plan.estimate without the per-process overhead; its 'other' split back into the buffers
+    # (DDP: autocast's 16-bit weight copies; FSDP: unsharded params/grads) and the slack
+    e = planner.estimate(cfg, strategy, micro_batch, WORLD, 'bfloat16', overhead=0, device='cuda')
+    s = planner.ALLOC_SLACK
+    buffers = (e['other'] - s * e['activations']) / (1 + s)
+    return dict(params=e['params'], grads=e['grads'], optim=e['optim'], act=e['activations'],
+                temp=None, buffers=buffers, other=e['other'] - buffers, total=e['total'])
+
+
+def main():
+    t0 = time.time()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    ap.add_argument('configs', nargs='*', default=['configs/gpt_1p3b.py', 'configs/gpt_13b.py'])
+    ap.add_argument('--strategies', default='ddp,ddp+ac,fsdp,fsdp+ac')
+    ap.add_argument('--micro_batches', default='plan,2',
+                    help="comma-separated; 'plan': the planner's largest on " + GPUS)
+    args = ap.parse_args()
+    # one fake process group of WORLD ranks for every FSDP run; the mesh is made outside fake mode
+    dist.init_process_group('fake', store=FakeStore(), rank=0, world_size=WORLD)
+    mesh = init_device_mesh(DEVICE, (WORLD,))
+    ranks = planner._cluster(GPUS, 0, None)
+    g = lambda v: '-' if v is None else f"{v / GiB:.2f}"
+    rows, detail = [], []
+    for path in args.configs:
+        cfg, batch = load(os.path.join(ROOT, path) if not os.path.exists(path) else path)
+        name = os.path.basename(path).removesuffix('.py')
+        for strategy in args.strategies.split(','):
+            cap = planner.make_plan(cfg, batch, ranks, plan=strategy).micro_batch[0]
+            sizes = []
+            for m in args.micro_batches.split(','):
+                b = (cap or None) if m == 'plan' else int(m)
+                if b and b not in sizes:
+                    sizes.append(b)
+            if 'plan' in args.micro_batches and not cap:
+                sizes = sizes or [1]
+            for b in sizes:
+                t = time.time()
+                pred, meas = predict(cfg, strategy, b), track(cfg, strategy, b, mesh)
+                tag = f"{b}{' (plan)' if b == cap else ''}{' (no fit)' if not cap else ''}"
+                rows.append(f"| {name} | {strategy} | {tag} | {g(pred['total'])} | "
+                            f"{g(meas['total'])} | {pred['total'] / meas['total']:.3f} | "
+                            f"{(pred['total'] - pred['other']) / meas['total']:.3f} | "
+                            f"{meas['where']} | {time.time() - t:.0f} |")
+                for kind, d in (('pred', pred), ('tracked', meas)):
+                    detail.append(f"| {name} | {strategy} | {b} | {kind} | "
+                                  + ' | '.join(g(d[c]) for c in COLUMNS) + f" | {g(d['total'])} |")
+                print(rows[-1], flush=True)
+    print("\nGiB per rank (of 8); ratio = predicted / tracked; -slack: predicted less the "
+          f"planner's {planner.ALLOC_SLACK:.0%} allocator slack\n")
+    print("| config | strategy | micro-batch | predicted | tracked | ratio | ratio -slack "
+          "| tracked peak in | s |\n|---|---|---|---|---|---|---|---|---|")
+    print('\n'.join(rows))
+    print("\nBreakdown at the tracked peak, GiB. pred: plan.estimate's terms (act: activations "
+          "incl. the loss's logits working set; buffers: DDP's autocast weight copies, FSDP's "
+          "unsharded params and grads; other: the slack). tracked: the tracker's types (act: "
+          "Activation, which holds DDP's autocast weight copies; buffers: Unsharded Param/Grad, "
+          "All Gather, Reduce Scatter; other: Buffer, Other, Inputs)\n")
+    print("| config | strategy | mb | | " + ' | '.join(COLUMNS) + " | total |\n|"
+          + "---|" * (5 + len(COLUMNS)))
+    print('\n'.join(detail))
+    print(f"\ntorch {torch.__version__}, {time.time() - t0:.0f} s wall, "
+          f"peak RSS {planner.peak_rss() / GiB:.2f} GiB")
+    dist.destroy_process_group()
+
+
+if __name__ == '__main__':
+    main()

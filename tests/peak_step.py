@@ -1,0 +1,60 @@
+"""
+Peak memory of one real training step on the CPU against the planner's prediction, for
+tests/test_plan_measured.py. Run in a fresh process, with MALLOC_MMAP_THRESHOLD_=65536 so that
+freed tensors go back to the OS and the resident set follows the live tensors.
+usage: python tests/peak_step.py STRATEGY MICRO_BATCH VARIANT   → prints predicted and measured bytes
+"""
+import functools
+import json
+import os
+import sys
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import model  # noqa: E402
+import plan  # noqa: E402
+from test_plan_measured import VARIANTS  # noqa: E402
+
+strategy, b, variant = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+for name, cls in VARIANTS[variant].items():
+    setattr(model, name, cls)
+torch.set_num_threads(1)
+cfg = model.GPTConfig(n_layer=4, n_head=4, n_embd=256, block_size=256, vocab_size=8192, bias=False)
+
+
+def status(key):  # bytes, from the kernel's account of this process
+    return next(int(line.split()[1]) * 1024 for line in open('/proc/self/status') if line.startswith(key))
+
+
+def build(config):
+    net = model.GPT(config)
+    if strategy.endswith('+ac'):  # as train.py applies it
+        for block in net.transformer.h:
+            block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+    return net
+
+
+def step(net, optimizer, idx):
+    net(idx, idx, reduction='sum')[1].backward()
+    torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+predicted = plan.estimate(cfg, strategy, b, 1, dtype='float32', device='cpu', overhead=0,
+                          micro_batches=1)['total']
+torch.manual_seed(0)
+idx = torch.randint(0, cfg.vocab_size, (b, cfg.block_size))
+tiny = build(model.GPTConfig(n_layer=1, n_head=4, n_embd=32, block_size=256, vocab_size=8192))
+step(tiny, model.make_optimizer(tiny.parameters()), idx[:1])  # the kernels' own first allocations
+del tiny
+base = status('VmRSS')
+open('/proc/self/clear_refs', 'w').write('5')  # resets the peak (VmHWM) to the current RSS
+net = build(cfg)
+optimizer = model.make_optimizer(net.parameters())
+for _ in range(2):  # the second step holds the optimizer state the first one made
+    step(net, optimizer, idx)
+print(json.dumps({'predicted': predicted, 'measured': status('VmHWM') - base}))
