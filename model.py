@@ -168,7 +168,7 @@ class GPT(nn.Module):
                 nn.init.normal_(p, mean=0.0, std=std)
 
     def num_params(self, non_embedding=True):
-        # non_embedding: without the position embeddings, which do no matmul work (the tied wte does)
+        # non_embedding: without the position embeddings (they do no matmul work; the tied wte does)
         n = sum(p.numel() for p in self.parameters())
         return n - self.transformer.wpe.weight.numel() if non_embedding else n
 

@@ -254,7 +254,8 @@ def _measured(measure, *args):
 
 def activation_bytes(model_config, strategy, dtype):
     # saved_bytes for this config under the dtype policy train.py uses with this strategy.
-    half = {'bfloat16': torch.bfloat16, 'float16': torch.float16}.get(str(dtype).replace('torch.', ''))
+    dtype = str(dtype).replace('torch.', '')
+    half = {'bfloat16': torch.bfloat16, 'float16': torch.float16}.get(dtype)
     policy = (torch.float32, None) if half is None else (half, None) if flags(strategy)['shard'] \
         else (torch.float32, half)
     return _measured(saved_bytes, tuple(sorted(vars(_config(model_config)).items())), *policy)
@@ -270,7 +271,8 @@ def optimizer_state_bytes():
     for p in net.parameters():
         p.grad = torch.randn_like(p)
     optimizer.step()
-    state = [t for st in optimizer.state.values() for t in st.values() if torch.is_tensor(t) and t.numel() > 1]
+    state = [t for st in optimizer.state.values() for t in st.values()
+             if torch.is_tensor(t) and t.numel() > 1]
     return _storage_bytes(state, set()) / sum(p.numel() for p in net.parameters())
 
 
@@ -344,7 +346,7 @@ def estimate(model_config, strategy, micro_batch, world_size, dtype='bfloat16', 
     unsharded_grads = 4 * P if f['shard'] and accumulate else 0
     host_rank = 0 if device == 'cpu' else PROCESS_HOST
     if f['offload']:  # CPUOffloadPolicy: shards on the host, pinned params and grads; AdamW steps there
-        host_rank += _pinned(n['block_shapes'], N) * L * 2 + _pinned(n['root_shapes'], N) * 2 + optim
+        host_rank += (_pinned(n['block_shapes'], N) * L + _pinned(n['root_shapes'], N)) * 2 + optim
         part = dict(params=0, grads=0, optim=0)
     part['grads'] += unsharded_grads
     a = activation_bytes(cfg, strategy, dtype)
@@ -622,8 +624,8 @@ def _evaluate_one(cfg, batch, ranks, strategy, mbs, dtype, inter_node_bw, accumu
     f, R, n = flags(strategy), len(ranks), counts(cfg)
     per_node = Counter(r['node'] for r in ranks)
     used = lambda r, e: e['total'] + (e['host_rank'] if r['device'] == 'cpu' else 0)  # a CPU rank's RAM holds both
-    est = lambda r, b, micro_batches=2: estimate(cfg, strategy, b, R, dtype, per_node[r['node']], r['overhead'],
-                                                 r['device'], accumulate, micro_batches)
+    est = lambda r, b, micro_batches=2: estimate(cfg, strategy, b, R, dtype, per_node[r['node']],
+                                                 r['overhead'], r['device'], accumulate, micro_batches)
     caps, memo = [], {}
     for r in ranks:  # the largest micro-batch under the budget (totals grow with it)
         key = (r['device'], r['mem'], r['overhead'], per_node[r['node']])

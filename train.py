@@ -288,7 +288,8 @@ if not run_plan.shard:
         autocast = torch.autocast(device_type=device_type, dtype=ptdtype)
     model = DDP(raw_model, gradient_as_bucket_view=True) if world_size > 1 else raw_model
 
-optimizer = make_optimizer(model.parameters(), learning_rate, weight_decay, (beta1, beta2), adam_eps)
+optimizer = make_optimizer(model.parameters(), learning_rate, weight_decay, (beta1, beta2),
+                           adam_eps)
 scaler = torch.amp.GradScaler(device_type, enabled=dtype == 'float16')
 
 
@@ -435,7 +436,9 @@ def evaluate():
 peak = planner.peak_flops(me['gpu'], dtype) if me['gpu'] else None
 peak_sum = torch.tensor(peak or float('nan'), dtype=torch.float64)  # nan when any rank's is unknown
 dist.all_reduce(peak_sum)  # host tensor (gloo)
-flops_per_token = planner.flops_per_sequence({**vars(model_args), 'block_size': block_size}) / block_size
+# training FLOPs of the sequences trained on (block_size may be below the model's), counted
+flops_per_token = planner.flops_per_sequence({**vars(model_args), 'block_size': block_size})
+flops_per_token /= block_size
 tokens_per_step = batch_size * block_size
 wandb_run = None
 if wandb_log and master:

@@ -2,7 +2,7 @@
 Peak memory of one real training step on the CPU against the planner's prediction, for
 tests/test_plan_measured.py. Run in a fresh process, with MALLOC_MMAP_THRESHOLD_=65536 so that
 freed tensors go back to the OS and the resident set follows the live tensors.
-usage: python tests/peak_step.py STRATEGY MICRO_BATCH VARIANT   → prints predicted and measured bytes
+usage: python tests/peak_step.py STRATEGY MICRO_BATCH VARIANT  (prints predicted, measured bytes)
 """
 import functools
 import json
@@ -26,7 +26,8 @@ cfg = model.GPTConfig(n_layer=4, n_head=4, n_embd=256, block_size=256, vocab_siz
 
 
 def status(key):  # bytes, from the kernel's account of this process
-    return next(int(line.split()[1]) * 1024 for line in open('/proc/self/status') if line.startswith(key))
+    return next(int(line.split()[1]) * 1024 for line in open('/proc/self/status')
+                if line.startswith(key))
 
 
 def build(config):
