@@ -355,7 +355,7 @@ def estimate(model_config, strategy, micro_batch, world_size, dtype='bfloat16', 
     # concatenation) come and go in its forward; its backward scales the head's float32 gradient.
     rows, group = LOSS_CHUNK.get(device, (1024, 1024))
     tokens = b * s
-    logits = min(rows, tokens) * V * (4 + cb) + 2 * min(group, tokens) * V * cb + 4 * V * h
+    logits = max(min(rows, tokens) * V * (4 + cb) + 2 * min(group, tokens) * V * cb, 4 * V * h)
     # Activations: what autograd saves, measured per sequence (saved_bytes). Per-block
     # checkpointing keeps each block's input and recomputes one block at a time in the backward,
     # after the loss's working set is gone.

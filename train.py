@@ -285,7 +285,9 @@ if init_device == 'meta':  # storage now, where this rank keeps its weights (or 
 if not run_plan.shard:
     raw_model.to(device)
     if ptdtype != torch.float32:  # DDP keeps float32 weights; matmuls run in ptdtype
-        autocast = torch.autocast(device_type=device_type, dtype=ptdtype)
+        # no cache of the weights' 16-bit copies: under checkpointing it would keep every block's
+        # until the forward ends (the copies backward needs are saved anyway)
+        autocast = torch.autocast(device_type=device_type, dtype=ptdtype, cache_enabled=False)
     model = DDP(raw_model, gradient_as_bucket_view=True) if world_size > 1 else raw_model
 
 optimizer = make_optimizer(model.parameters(), learning_rate, weight_decay, (beta1, beta2),
