@@ -155,26 +155,23 @@ def _config(model_config):
 
 
 @functools.lru_cache(maxsize=None)
-def _shapes(n_layer, n_head, n_embd, vocab_size, bias):
-    # Parameter shapes of one block and of the root FSDP group (tied wte/lm_head, ln_f), wpe left
-    # out: it is (block_size, n_embd) and is added per call, so that block_size can vary for free.
-    cfg = GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, vocab_size=vocab_size, bias=bias, block_size=1)
+def _shapes(config_items):
+    # Parameter shapes of one block and of the root FSDP group (the rest: embeddings, tied
+    # wte/lm_head, ln_f), from the model built on the meta device.
     with torch.device('meta'):
-        model = network.GPT(cfg)
+        model = network.GPT(GPTConfig(**dict(config_items)))
     in_blocks = {id(p) for b in model.transformer.h for p in b.parameters()}
     block = tuple(tuple(p.shape) for p in model.transformer.h[0].parameters())
-    root = tuple(tuple(p.shape) for n, p in model.named_parameters()  # named_parameters lists the tied weight once
-                 if id(p) not in in_blocks and n != 'transformer.wpe.weight')
+    root = tuple(tuple(p.shape) for p in model.parameters() if id(p) not in in_blocks)
     return block, root
 
 
 def counts(model_config):
     c = _config(model_config)
-    block, root = _shapes(c.n_layer, c.n_head, c.n_embd, c.vocab_size, c.bias)
-    root = root + ((c.block_size, c.n_embd),)
+    block, root = _shapes(tuple(sorted(vars(replace(c, n_layer=1)).items())))
     numel = lambda shapes: sum(math.prod(s) for s in shapes)
     return dict(total=c.n_layer * numel(block) + numel(root), block=numel(block), root=numel(root),
-                block_shapes=block, root_shapes=root, wpe=c.block_size * c.n_embd)
+                block_shapes=block, root_shapes=root)
 
 
 def _sharded(shapes, n):

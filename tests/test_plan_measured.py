@@ -53,8 +53,37 @@ class GroupedQueryAttention(nn.Module):  # 4 query heads share 1 key/value head
         return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
 
 
+def rotate(x):  # rotary positions (RoFormer) on (B, heads, T, head dim): pairs of channels turned
+    T, half = x.size(2), x.size(3) // 2
+    angle = torch.arange(T, dtype=torch.float32)[:, None] * 10000 ** (-torch.arange(half) / half)
+    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+class RotaryAttention(model.CausalSelfAttention):
+    def forward(self, x, cache=None):
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+                   for t in self.c_attn(x).split(self.n_embd, dim=2))
+        y = F.scaled_dot_product_attention(rotate(q), rotate(k), v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class NoPositions(nn.Module):  # a rotary model has no learned position embeddings
+    def forward(self, pos):
+        return 0
+
+
+class RotaryGPT(model.GPT):
+    def __init__(self, config):
+        super().__init__(config)
+        self.transformer.wpe = NoPositions()
+
+
 VARIANTS = {'gpt2': {}, 'swiglu': {'MLP': SwiGLU}, 'wide_mlp': {'MLP': WideMLP},
-            'gqa': {'CausalSelfAttention': GroupedQueryAttention}}
+            'gqa': {'CausalSelfAttention': GroupedQueryAttention},
+            'rotary': {'CausalSelfAttention': RotaryAttention, 'GPT': RotaryGPT}}
 POLICIES = {  # strategy, dtype -> (parameter dtype, autocast dtype), as train.py runs them
     ('fsdp', 'float32'): (torch.float32, None), ('ddp', 'bfloat16'): (torch.float32, torch.bfloat16),
     ('fsdp', 'bfloat16'): (torch.bfloat16, None)}
