@@ -1,12 +1,12 @@
 """
-Checkpoints, for train.py and sample.py: writing them so that none is ever half there, finding the
-complete ones, and reading them safely.
+Checkpoints, for train.py, sample.py and the tests: writing them so that none is ever half there,
+finding the complete ones, and reading them safely (into a new model, or resuming a run).
 
 A checkpoint is out_dir/ckpt_<iter:08d>/, written by torch.distributed.checkpoint (DCP) under a
-.tmp name and renamed when complete, plus hetgpt.json (iter, model shape, config). DCP reads tensors
-with torch.load(weights_only=True) but its .metadata file with plain pickle.load, which would run
-whatever a tampered file asks for. Importing this module restricts that unpickling to the record
-types DCP writes (its own dataclasses, torch sizes, dtypes and memory formats).
+.tmp name and renamed when complete, plus hetgpt.json (iter, model shape, config). DCP reads
+tensors with torch.load(weights_only=True) but its .metadata file with plain pickle.load, which
+would run whatever a tampered file asks for. Importing this module restricts that unpickling to
+the record types DCP writes (its own dataclasses, torch sizes, dtypes and memory formats).
 """
 import json
 import logging
@@ -15,6 +15,8 @@ import pickle
 import re
 import shutil
 import types
+import warnings
+from dataclasses import fields
 
 import torch
 import torch.distributed as dist
@@ -24,11 +26,12 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from configurator import die, oneline
+from model import GPT, GPTConfig, config_from
 
 # Every global DCP's metadata pickle names, exactly: a name is never walked through attributes
 # ('os.system' reached from an allowed module), and nothing else in these modules is reachable.
-ALLOWED = {('torch', 'Size'), ('torch.serialization', '_get_layout'), ('collections', 'OrderedDict'),
-           ('pathlib', 'PosixPath'), ('pathlib', 'WindowsPath'),
+ALLOWED = {('torch', 'Size'), ('torch.serialization', '_get_layout'),
+           ('collections', 'OrderedDict'), ('pathlib', 'PosixPath'), ('pathlib', 'WindowsPath'),
            ('torch.distributed.checkpoint.filesystem', '_StorageInfo')} | {
     ('torch.distributed.checkpoint.metadata', name) for name in (
         'Metadata', 'StorageMeta', 'MetadataIndex', 'TensorProperties', 'ChunkStorageMetadata',
@@ -49,8 +52,9 @@ class MetadataUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a checkpoint's metadata")
 
 
-# DCP's filesystem module calls pickle.load on the metadata stream: give it ours, the rest unchanged.
-dcp_filesystem.pickle = types.SimpleNamespace(**{**vars(pickle), 'load': lambda f: MetadataUnpickler(f).load()})
+# DCP's filesystem module calls pickle.load on the metadata stream: give it ours, the rest as is.
+dcp_filesystem.pickle = types.SimpleNamespace(
+    **{**vars(pickle), 'load': lambda f: MetadataUnpickler(f).load()})
 # When the metadata cannot be read, DCP logs a traceback (on the root logger) before it raises; the
 # callers report the damaged checkpoint themselves, in one line.
 logging.getLogger().addFilter(lambda record: 'metadata is not found' not in record.getMessage())
@@ -64,15 +68,17 @@ def why(e):
 
 
 def checkpoints(out_dir):
-    # The complete checkpoints in out_dir, oldest first; a .tmp one is being written or was abandoned.
+    # The complete checkpoints in out_dir, oldest first; a .tmp one is being written or abandoned.
     if not os.path.isdir(out_dir):
         return []
-    return sorted(os.path.join(out_dir, d) for d in os.listdir(out_dir) if re.fullmatch(r'ckpt_\d{8}', d))
+    found = [d for d in os.listdir(out_dir) if re.fullmatch(r'ckpt_\d{8}', d)]
+    return sorted(os.path.join(out_dir, d) for d in found)
 
 
 def save(out_dir, step, model, optimizer, meta, keep_last):
-    # Every rank writes its shard (DCP: loads under any strategy and world size) into ckpt_<step>.tmp;
-    # rank 0 adds hetgpt.json ({iter, **meta}) and renames it once complete, then drops old ones.
+    # Every rank writes its shard (DCP: loads under any strategy and world size) into
+    # ckpt_<step>.tmp; rank 0 adds hetgpt.json ({iter, **meta}) and renames it once complete, then
+    # drops old ones.
     final = os.path.join(out_dir, f'ckpt_{step:08d}')
     tmp, master = final + '.tmp', dist.get_rank() == 0
     if master:
@@ -86,11 +92,12 @@ def save(out_dir, step, model, optimizer, meta, keep_last):
                 json.dump({'iter': step, **meta}, f, indent=1)
                 f.flush()
                 os.fsync(f.fileno())
-    except (Exception, CheckpointException) as e:  # a full disk, a quota: the last complete one is still there
+    except (Exception, CheckpointException) as e:  # a full disk, a quota: the last one is intact
         last = checkpoints(out_dir)
-        die(f"could not write checkpoint {tmp} ({why(e)}); "
-            f"{'the last complete one, ' + last[-1] + ', is intact' if last else 'no checkpoint was lost'}: "
-            f"free space, then init_from=resume")
+        kept = (f"the last complete one, {last[-1]}, is intact" if last
+                else "no checkpoint was lost")
+        die(f"could not write checkpoint {tmp} ({why(e)}); {kept}: free space, then "
+            f"init_from=resume")
     if master:
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
@@ -100,20 +107,82 @@ def save(out_dir, step, model, optimizer, meta, keep_last):
     dist.barrier()
 
 
+def latest(path):
+    # A checkpoint directory itself, or the newest complete one in a run's out_dir; None if none.
+    if any(os.path.isfile(os.path.join(path, f)) for f in ('hetgpt.json', '.metadata')):
+        return path
+    try:
+        return (checkpoints(path) or [None])[-1]
+    except OSError as e:
+        die(f"cannot read {path} ({e.strerror})")
+
+
+def read_meta(path):
+    # hetgpt.json, checked: a damaged or tampered file must not become a traceback, nor a model of
+    # another shape. Raises, for the loaders to report.
+    with open(os.path.join(path, 'hetgpt.json')) as f:
+        meta = json.load(f)
+    if not (isinstance(meta, dict) and type(meta.get('iter')) is int
+            and isinstance(meta.get('model_args'), dict)):
+        raise ValueError("hetgpt.json holds no int iter and model_args object")
+    name = os.path.basename(os.path.normpath(path))  # sample.py may read a renamed copy
+    if re.fullmatch(r'ckpt_\d{8}', name) and name != f"ckpt_{meta['iter']:08d}":
+        raise ValueError(f"hetgpt.json has iter {meta['iter']}, not the directory's")
+    args = meta['model_args']
+    for field in fields(GPTConfig):
+        want, value = type(field.default), args.get(field.name)
+        if field.name not in args:
+            if want is float:  # dropout, init_std: no part of the weights' shapes
+                continue
+            raise ValueError(f"model_args has no {field.name}")
+        ok = isinstance(value, (int, float) if want is float else want)
+        if not ok or (want is not bool and isinstance(value, bool)):
+            raise ValueError(f"model_args {field.name}={value!r} is not {want.__name__}")
+        if want is int and value < 1:
+            raise ValueError(f"model_args {field.name}={value} is not positive")
+    if args['n_embd'] % args['n_head']:
+        raise ValueError(f"model_args n_embd={args['n_embd']} is not divisible by its n_head")
+    return meta
+
+
+def damaged(path, e):
+    die(f"checkpoint {path} is damaged ({why(e)}); move it away to use the one before it, "
+        f"or use another out_dir")
+
+
+def load_model(path):
+    # The model of checkpoint path, built as hetgpt.json says, for sampling, export and tests.
+    # A vocab padded from GPT-2's 50257 to 50304 (faster matmuls) loses its extra rows: they are
+    # never targets, sampling can't pick an id the tokenizer can't decode, and HF gets its shape.
+    try:
+        args = read_meta(path)['model_args']
+        n_vocab = 50257 if args['vocab_size'] == 50304 else args['vocab_size']
+        model = GPT(config_from({**args, 'vocab_size': n_vocab}))
+        sd = model.state_dict()
+        del sd['lm_head.weight']  # tied to wte: loading one is loading both
+        wte = sd['transformer.wte.weight'] = torch.empty(args['vocab_size'], args['n_embd'])
+        with warnings.catch_warnings():  # DCP warns it loads in one process: that is the intent
+            warnings.filterwarnings('ignore', message='torch.distributed is disabled')
+            dcp.load({'model': sd}, checkpoint_id=path)
+    except (Exception, CheckpointException) as e:  # (DCP's exception is a BaseException)
+        damaged(path, e)
+    with torch.no_grad():
+        model.transformer.wte.weight.copy_(wte[:n_vocab])
+    return model
+
+
 def load(path, model, optimizer, model_args):
     # Loads path into model and optimizer (wrapped or not) and returns its iteration.
     try:
-        meta = json.load(open(os.path.join(path, 'hetgpt.json')))
-        if not (isinstance(meta.get('model_args'), dict) and type(meta.get('iter')) is int
-                and f"ckpt_{meta['iter']:08d}" == os.path.basename(path)):
-            raise ValueError("hetgpt.json has no int iter matching the directory or no model_args")
-        if meta['model_args'] != vars(model_args):
-            diff = [f"{k}={meta['model_args'].get(k)} here {v}" for k, v in vars(model_args).items() if meta['model_args'].get(k) != v]
-            die(f"{path} holds another model ({', '.join(diff)}); use its config or another out_dir")
+        meta = read_meta(path)
+        saved = meta['model_args']
+        if saved != vars(model_args):
+            diff = ', '.join(f"{k}={saved.get(k)} here {v}" for k, v in vars(model_args).items()
+                             if saved.get(k) != v)
+            die(f"{path} holds another model ({diff}); use its config or another out_dir")
         model_sd, optim_sd = get_state_dict(model, optimizer)
         dcp.load({'model': model_sd, 'optim': optim_sd}, checkpoint_id=path)
-    except (Exception, CheckpointException) as e:  # (DCP's exception is a BaseException; die's is neither)
-        die(f"checkpoint {path} is damaged ({why(e)}); "
-            f"move it away to resume from the one before, or use another out_dir")
+    except (Exception, CheckpointException) as e:  # (die's SystemExit is neither)
+        damaged(path, e)
     set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
     return meta['iter']

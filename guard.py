@@ -1,18 +1,25 @@
 """
-What keeps a run safe from other runs and from its own faults, for train.py: the lock on out_dir,
-the metrics file (rewritten atomically, appended without ever stopping training), the token check
-of a data file, and the watchdog that ends a job whose ranks stopped answering.
+What keeps a run safe from other runs, bad input and its own faults, for train.py: the claim on
+out_dir (writable, locked, another run's checkpoints never overwritten), the metrics file (rewritten
+atomically, appended without ever stopping training), the checks of a token file, the signals that
+stop a run at a checkpoint, and the watchdog that ends a job whose ranks stopped answering.
 """
 import atexit
 import json
 import os
+import shutil
+import signal
 import socket
 import sys
 import threading
 import time
 
-import numpy as np
+from datetime import timedelta
 
+import numpy as np
+import torch.distributed as dist
+
+from ckpt import checkpoints
 from configurator import die
 
 
@@ -66,6 +73,28 @@ def lock(out_dir):
     die(f"cannot take the lock {path}: another run keeps taking it; use another out_dir")
 
 
+def claim(out_dir, rank, init_from):
+    # out_dir for this run: writable now (not at the first checkpoint an hour from here), locked,
+    # and not another run's: a new run over its checkpoints would lose its metrics and prune them.
+    # Returns the checkpoints found there.
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        probe = os.path.join(out_dir, f'.write_test_{rank}')
+        open(probe, 'w').close()
+        os.remove(probe)
+    except OSError as e:
+        die(f"out_dir={out_dir!r} is not writable ({e.strerror}); choose another out_dir")
+    if rank == 0:
+        lock(out_dir)
+    found = checkpoints(out_dir)
+    if init_from not in ('resume', 'auto') and found:
+        die(f"{out_dir} holds another run's checkpoints (latest {os.path.basename(found[-1])}): "
+            f"init_from=auto to go on from it, or another out_dir")
+    if init_from == 'resume' and not found:
+        die(f"init_from=resume but {out_dir} has no checkpoint; train first or use init_from=auto")
+    return found
+
+
 def _unlock(path, me):
     try:
         if json.load(open(path)) == me:
@@ -113,9 +142,61 @@ def append_row(path, row):
         _append_failed.append(row['iter'])
 
 
+class Metrics:
+    # Rank 0's record of the run: a row per log line and evaluation in metrics.jsonl, and in wandb
+    # when asked (offline unless WANDB_API_KEY is set; a failure there only disables it). It starts
+    # by dropping checkpoints a killed run left half-written and the rows past the iteration the run
+    # starts from (a torn last line is skipped), then writes first_row: the plan.
+    def __init__(self, out_dir, iter_num, first_row, wandb_init=None):
+        for d in os.listdir(out_dir):
+            if d.endswith('.tmp'):
+                shutil.rmtree(os.path.join(out_dir, d), ignore_errors=True)
+        self.path, self.wandb = os.path.join(out_dir, 'metrics.jsonl'), None
+        rows = read_rows(self.path) if iter_num else []
+        rewrite_rows(self.path, [r for r in rows if r['iter'] <= iter_num] + [first_row])
+        if wandb_init:
+            try:
+                import wandb
+                mode = os.environ.get('WANDB_MODE') or \
+                    ('online' if os.environ.get('WANDB_API_KEY') else 'offline')
+                self.wandb = wandb.init(**wandb_init, mode=mode, dir=out_dir,
+                                        settings=wandb.Settings(init_timeout=30))
+            except Exception as e:
+                print(f"wandb disabled: {type(e).__name__}: {e}", flush=True)
+
+    def __call__(self, row):
+        append_row(self.path, row)
+        if self.wandb:
+            self.wandb.log(row, step=row['iter'])
+
+    def finish(self):
+        if self.wandb:
+            self.wandb.finish()
+
+
 # -----------------------------------------------------------------------------
-# data: every token id of a file below vocab_size, checked once (chunked, vectorised) and the
-# file's largest id cached next to it, keyed by its size and modification time.
+# data: a flat uint16 token file, checked as untrusted input
+def open_tokens(path, block_size, vocab_size, dataset):
+    if not os.path.exists(path):
+        die(f"no {path}: run python data/prepare.py --dataset {dataset} "
+            f"(or --input FILES --name {dataset})")
+    if os.path.getsize(path) % 2:
+        die(f"{path} has an odd number of bytes: it is truncated or not uint16; "
+            f"run data/prepare.py again")
+    tokens = np.memmap(path, dtype=np.uint16, mode='r') if os.path.getsize(path) else \
+        np.zeros(0, np.uint16)
+    if len(tokens) <= block_size + 1:
+        die(f"{path} has {len(tokens)} tokens, fewer than block_size+1={block_size + 1}; "
+            f"lower block_size or prepare more data")
+    top = max_token(path, tokens)
+    if top >= vocab_size:
+        die(f"{path} holds token id {top}, not below vocab_size={vocab_size}: wrong tokenizer "
+            f"or dtype, or raise vocab_size")
+    return tokens
+
+
+# Every token id of a file below vocab_size, checked once (chunked, vectorised) and the file's
+# largest id cached next to it, keyed by its size and modification time.
 def max_token(path, tokens, chunk=1 << 26):
     st = os.stat(path)
     key = {'size': st.st_size, 'mtime_ns': st.st_mtime_ns}
@@ -137,6 +218,41 @@ def max_token(path, tokens, chunk=1 << 26):
 
 
 # -----------------------------------------------------------------------------
+# Signals. Ctrl-C, preemption (SIGTERM) or Slurm's warning (SIGUSR1) while training: noted, and the
+# loop checkpoints at the end of the step; a second Ctrl-C stops at once.
+class Signals(list):
+
+    def __init__(self, out_dir):
+        super().__init__()
+        self.out_dir = out_dir
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, self.on_signal)
+
+    def on_signal(self, signum, frame):
+        self.append(signum)
+        if self.count(signal.SIGINT) > 1:
+            die(f"interrupted twice: stopped without a checkpoint; the last is "
+                f"{(checkpoints(self.out_dir) or ['none'])[-1]}")
+
+
+# -----------------------------------------------------------------------------
+# The process group. Every run has one, one rank or many, so that train.py has one path.
+def start_group(backend, rank, world_size, stall_timeout):
+    store = None
+    if world_size > 1:
+        # torchrun's store outlives a restart of the group: without a prefix per attempt the new
+        # ranks can read the dead ones' addresses and fail to connect.
+        store, _, _ = next(dist.rendezvous('env://'))
+        attempt = os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)
+        store = dist.PrefixStore(f"attempt_{attempt}", store)
+    # A silent rank is found by the watchdog; the group's own timeout only backs it up.
+    dist.init_process_group(backend, store=store or dist.HashStore(), rank=rank,
+                            world_size=world_size,
+                            timeout=timedelta(seconds=5 * stall_timeout or 1800))
+    return Watchdog(store, rank, world_size, stall_timeout, limit_factor=4)
+
+
+# -----------------------------------------------------------------------------
 # Watchdog. A rank that stops (SIGSTOP, a swapped-out host, a frozen GPU) leaves the others waiting
 # in a collective, by default for 30 minutes. Each rank's thread bumps a counter in the rendezvous
 # store every few seconds; when this rank's main thread has made no progress for `limit` seconds,
@@ -149,11 +265,19 @@ class Watchdog:
         self.store, self.rank, self.world_size = store, rank, world_size
         self.timeout, self.limit = timeout, timeout * limit_factor
         self.period = max(0.2, min(5.0, timeout / 8))
-        self.last = time.monotonic()
+        self.last, self.stopped, self.thread = time.monotonic(), threading.Event(), None
         if store is not None and timeout:
             store.set(f'who/{rank}', f"{socket.gethostname()} pid {os.getpid()}")
             store.add(f'alive/{rank}', 1)
-            threading.Thread(target=self._watch, daemon=True).start()
+            self.thread = threading.Thread(target=self._watch, daemon=True)
+            self.thread.start()
+
+    def stop(self):
+        # Before the process group goes: a thread still in a store call while the interpreter
+        # tears down can abort the process ("terminate called without an active exception").
+        self.stopped.set()
+        if self.thread:
+            self.thread.join()
 
     def progress(self, limit_factor=None):
         # Called by the main thread as it works. limit_factor: the wait in units of timeout from
@@ -172,14 +296,14 @@ class Watchdog:
             pass
 
     def _run(self):
-        while True:
-            time.sleep(self.period)
+        while not self.stopped.wait(self.period):
             self.store.add(f'alive/{self.rank}', 1)
             if time.monotonic() - self.last < self.limit:
                 continue
             before = self._counters()
             for _ in range(4):  # beat on while the others get three chances to beat
-                time.sleep(self.period)
+                if self.stopped.wait(self.period):
+                    return
                 self.store.add(f'alive/{self.rank}', 1)
             if time.monotonic() - self.last < self.limit:
                 continue  # the main thread moved on meanwhile

@@ -6,11 +6,8 @@ model as a transformers GPT-2 directory instead.
   python sample.py --out_dir=out/tiny --export_hf=hf/tiny
 """
 import codecs
-import json
 import os
 import sys
-import warnings
-from dataclasses import fields
 
 from configurator import configure, die, is_knob, oneline
 
@@ -63,15 +60,10 @@ if export_hf:
         die(f"export_hf={export_hf!r} cannot be written ({parent} is not a writable directory)")
 
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
 
+import ckpt
 import hf
-from ckpt import checkpoints, why
-from model import GPT, GPTConfig, config_from
 
-# DCP warns that it loads in a single process without a process group: that is the intent here.
-warnings.filterwarnings('ignore', message='torch.distributed is disabled')
 if device.startswith('cuda') and not torch.cuda.is_available():
     die(f"device={device} but this torch sees no CUDA device; use --device=cpu")
 if device.startswith('cuda:') and int(device[5:]) >= torch.cuda.device_count():
@@ -79,72 +71,17 @@ if device.startswith('cuda:') and int(device[5:]) >= torch.cuda.device_count():
 if device == 'mps' and not torch.backends.mps.is_available():
     die("device=mps but this torch sees no MPS device; use --device=cpu")
 
-
-def latest_checkpoint(path):
-    # A checkpoint directory itself, or the newest complete one in a run's out_dir.
-    if any(os.path.isfile(os.path.join(path, f)) for f in ('hetgpt.json', '.metadata')):
-        return path
-    try:
-        return (checkpoints(path) or [None])[-1]
-    except OSError as e:
-        die(f"cannot read {path} ({e.strerror})")
-
-
-def model_args_of(ckpt):
-    # hetgpt.json's model_args, checked: a damaged file must not become a traceback, nor a model
-    # of another shape. Raises for the caller to report.
-    with open(os.path.join(ckpt, 'hetgpt.json')) as f:
-        meta = json.load(f)
-    args = meta.get('model_args') if isinstance(meta, dict) else None
-    if not isinstance(args, dict):
-        raise ValueError("hetgpt.json holds no model_args object")
-    for field in fields(GPTConfig):
-        want, value = type(field.default), args.get(field.name)
-        if field.name not in args:
-            if want is float:  # dropout, init_std: no part of the weights' shapes
-                continue
-            raise ValueError(f"model_args has no {field.name}")
-        ok = isinstance(value, (int, float) if want is float else want)
-        if not ok or (want is not bool and isinstance(value, bool)):
-            raise ValueError(f"model_args {field.name}={value!r} is not {want.__name__}")
-        if want is int and value < 1:
-            raise ValueError(f"model_args {field.name}={value} is not positive")
-    if args['n_embd'] % args['n_head']:
-        raise ValueError(f"model_args n_embd={args['n_embd']} is not divisible by its n_head")
-    return args
-
-
-def load_checkpoint(ckpt):
-    args = model_args_of(ckpt)
-    # Our vocab is padded from GPT-2's 50257 to 50304 for faster matmuls. The extra rows are never
-    # targets, so drop them: sampling can't pick an id the tokenizer can't decode, and the HF
-    # export gets GPT-2's own shape.
-    n_vocab = 50257 if args['vocab_size'] == 50304 else args['vocab_size']
-    model = GPT(config_from({**args, 'vocab_size': n_vocab}))
-    sd = model.state_dict()
-    del sd['lm_head.weight']  # tied to wte: loading one is loading both
-    wte = sd['transformer.wte.weight'] = torch.empty(args['vocab_size'], args['n_embd'])
-    dcp.load({'model': sd}, checkpoint_id=ckpt)  # one process, in place, no process group needed
-    with torch.no_grad():
-        model.transformer.wte.weight.copy_(wte[:n_vocab])
-    return model
-
-
 # the model
 if init_from in GPT2 or os.path.isfile(os.path.join(init_from, 'config.json')):
     # OpenAI's GPT-2 from the HF hub (or its cache), or a transformers directory like --export_hf's
     model = hf.from_pretrained(init_from)
 else:
     where = out_dir if init_from == 'resume' else init_from
-    ckpt = latest_checkpoint(where)
-    if ckpt is None:
+    path = ckpt.latest(where)
+    if path is None:
         die(f"no checkpoint in {where}: train a model first (python train.py configs/gpt_tiny.py)")
-    try:
-        model = load_checkpoint(ckpt)
-    except (Exception, CheckpointException) as e:  # (DCP's exception is a BaseException)
-        die(f"checkpoint {ckpt} is damaged ({why(e)}); move it away to sample from the one "
-            f"before, or train again")
-    print(f"loaded {ckpt}", file=sys.stderr)
+    model = ckpt.load_model(path)
+    print(f"loaded {path}", file=sys.stderr)
 model.eval().to(device)
 
 if export_hf:

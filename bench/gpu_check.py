@@ -27,6 +27,8 @@ from dataclasses import fields
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, 'bench')]
+import costs  # noqa: E402
+import hardware  # noqa: E402
 import plan as planner  # noqa: E402  (no CUDA is touched here: the runs own the GPU)
 from configurator import configure  # noqa: E402
 from model import GPTConfig, config_from  # noqa: E402
@@ -58,7 +60,7 @@ def host_total():
 def n_params(path):
     # counted from the model the config builds (on the meta device), not read from its comments
     defaults = {f.name: f.default for f in fields(GPTConfig)}
-    return planner.counts(config_from(configure(defaults, [path], strict_files=False)))['total']
+    return costs.counts(config_from(configure(defaults, [path], strict_files=False)))['total']
 
 
 def largest_config(gpu_arg, host_gib):
@@ -98,7 +100,7 @@ def main():
         os.makedirs(logs, exist_ok=True)
     t_start, deadline = time.time(), time.time() + BUDGET_S
     name, mib, driver = (None, None, None) if dry else gpu_facts()
-    gpu = planner.gpu_key(name) or 'H200'
+    gpu = hardware.gpu_key(name) or 'H200'
     host = host_total()
     import torch
     head = [f"# GPU check{' (dry run on CPU, tiny shapes)' if dry else ''}",
@@ -155,7 +157,7 @@ def main():
     else:
         shape = [f'--n_layer={cfg.n_layer}', f'--n_embd={cfg.n_embd}', f'--n_head={cfg.n_head}']
         note = ('fits the GPU without offload too' if fits_without else 'needs offload') + \
-            f" ({planner.counts(cfg)['total'] / 1e9:.1f}B)"
+            f" ({costs.counts(cfg)['total'] / 1e9:.1f}B)"
         run('offload', ['configs/gpt_1p3b.py'] + shape + ['--plan=fsdp+offload', '--compile=False',
                                                            '--batch_size=4'], 2, 1, 80, 4, note)
 

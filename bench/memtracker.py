@@ -44,6 +44,7 @@ import torch.distributed as dist
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import model as network  # noqa: E402
+import hardware  # noqa: E402
 import plan as planner  # noqa: E402
 from configurator import configure  # noqa: E402
 from model import GPT, GPTConfig, config_from  # noqa: E402
@@ -252,7 +253,7 @@ def main():
           "SDPA's CPU kernel stand in for CUDA's. DDP: the bare model plus a flat fp32 buffer as "
           "its gradient buckets (no DDP reducer on fake tensors).")
     print(f"\ntorch {torch.__version__}, AdamW {'/'.join(sorted(adamw))}, plan.py sha1 {digest}, "
-          f"{time.time() - t0:.0f} s wall, peak RSS {planner.peak_rss() / GiB:.2f} GiB")
+          f"{time.time() - t0:.0f} s wall, peak RSS {hardware.peak_rss() / GiB:.2f} GiB")
     dist.destroy_process_group()
 
 

@@ -7,6 +7,7 @@ usage: python tests/fixture_run.py train.py [args...]; the faults come from envi
                               gloo in NCCL's place, serving only what NCCL serves (CUDA tensors): host
                               tensors then need a CPU backend of their own, as on a GPU host. A value
                               other than 1 is a backend string to try instead ('nccl': before the fix).
+  HETGPT_TEST_SLOW_RANK=1:0.05  rank 1's forward takes 0.05 s longer per sequence (a slower GPU)
 """
 import errno
 import os
@@ -48,9 +49,18 @@ sys.argv = sys.argv[1:]
 sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
 cuda_group = os.environ.get('HETGPT_TEST_CUDA_GROUP')
 if cuda_group:
-    import plan  # the module train.py imports: it reads BACKENDS[device type] from it
-    backend = plan.BACKENDS['cuda'] if cuda_group == '1' else cuda_group
+    import hardware  # the module train.py imports: it reads BACKENDS[device type] from it
+    backend = hardware.BACKENDS['cuda'] if cuda_group == '1' else cuda_group
     if ':' not in backend:  # one backend for the device types it serves: NCCL serves CUDA only
         backend = {'nccl': 'cuda:nccl', 'gloo': 'cpu:gloo,cuda:gloo'}[backend]
-    plan.BACKENDS['cpu'] = backend.replace('nccl', 'gloo')
+    hardware.BACKENDS['cpu'] = backend.replace('nccl', 'gloo')
+slow_rank, _, delay = os.environ.get('HETGPT_TEST_SLOW_RANK', '').partition(':')
+if slow_rank == os.environ.get('RANK', '0'):
+    import model
+    real_forward = model.GPT.forward
+
+    def slow_forward(self, idx, *args, **kwargs):
+        time.sleep(float(delay) * idx.size(0))
+        return real_forward(self, idx, *args, **kwargs)
+    model.GPT.forward = slow_forward
 runpy.run_path(sys.argv[0], run_name='__main__')

@@ -5,6 +5,7 @@ import ast
 import json
 import os
 import pickle
+import re
 import resource
 import shutil
 import signal
@@ -17,6 +18,7 @@ import pytest
 
 from trainer import ROOT, TINY, latest_checkpoint, make_dataset, run_train, train_command
 import configurator
+import plan as planner
 
 RUN = TINY + ['--batch_size=4', '--eval_interval=100']
 TEN = RUN + ['--max_iters=10', '--checkpoint_interval=1', '--keep_last=2']  # ckpt 9 and 10 kept
@@ -241,8 +243,9 @@ def train_knobs():
     for node in tree.body:
         if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
             name = node.targets[0].id
-            if name == 'RULES':
-                rules = ast.literal_eval(node.value)
+            if name == 'RULES':  # (the plan rule is built from plan.STRATEGIES, the one list)
+                rules = eval(compile(ast.Expression(node.value), 'train.py', 'eval'),
+                             {'re': re, 'planner': planner})
             elif isinstance(node.value, ast.Constant) and configurator.is_knob(name, node.value.value):
                 defaults[name] = node.value.value
             elif name == 'config':

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import hardware
+import costs
 import plan as planner
 from configurator import configure
 from model import GPT, GPTConfig, config_from
@@ -39,7 +41,7 @@ def exact_params(cfg):
 
 
 def budget(gpu):
-    return 0.9 * planner.GPUS[gpu]['mem']
+    return 0.9 * hardware.GPUS[gpu]['mem']
 
 
 def per_sequence(cfg):
@@ -55,7 +57,7 @@ def per_sequence(cfg):
 def test_parameter_count_is_exact(name):
     cfg, _ = load(name)
     P = exact_params(cfg)
-    assert planner.counts(cfg)['total'] == P
+    assert costs.counts(cfg)['total'] == P
     e = planner.estimate(cfg, 'ddp', 1, 1)
     assert e['params'] == 4 * P and e['params'] + e['grads'] + e['optim'] == 16 * P  # ZeRO's 16Ψ
 
@@ -174,16 +176,16 @@ def test_gpu_names_and_peaks():
              'NVIDIA H200 NVL': 'H200-NVL', 'NVIDIA GH200 480GB': 'GH200', 'NVIDIA GH200 144G HBM3e': 'GH200-144GB',
              'NVIDIA A10G': 'A10G', 'a100-80gb': 'A100-80GB', 'Some Future GPU': None}
     for name, key in names.items():
-        assert planner.gpu_key(name) == key, name
-    assert planner.peak_flops('NVIDIA A100-SXM4-80GB', 'bfloat16') == 312e12
-    assert planner.peak_flops('H100-SXM', torch.bfloat16) == 989e12
-    assert planner.peak_flops('V100-32GB', 'float16') == 125e12
-    assert planner.peak_flops('V100-32GB', 'bfloat16') == 15.7e12  # no bf16 tensor cores
-    assert planner.peak_flops('A100-80GB', 'float32') == 156e12 and planner.peak_flops('A100-80GB', 'float32', tf32=False) == 19.5e12
-    assert planner.peak_flops('cpu') is None and planner.peak_flops(None) is None
+        assert hardware.gpu_key(name) == key, name
+    assert hardware.peak_flops('NVIDIA A100-SXM4-80GB', 'bfloat16') == 312e12
+    assert hardware.peak_flops('H100-SXM', torch.bfloat16) == 989e12
+    assert hardware.peak_flops('V100-32GB', 'float16') == 125e12
+    assert hardware.peak_flops('V100-32GB', 'bfloat16') == 15.7e12  # no bf16 tensor cores
+    assert hardware.peak_flops('A100-80GB', 'float32') == 156e12 and hardware.peak_flops('A100-80GB', 'float32', tf32=False) == 19.5e12
+    assert hardware.peak_flops('cpu') is None and hardware.peak_flops(None) is None
     # datasheets print 2:4-sparse figures: H200 NVL 1,671 bf16 → 835 dense; GH200 1,979 → 989
-    assert planner.peak_flops('NVIDIA H200 NVL') == 835e12 and planner.peak_flops('NVIDIA GH200 480GB') == 989e12
-    assert planner.GPUS['GH200']['host'] == 450  # NVLink-C2C: 900 GB/s both ways
+    assert hardware.peak_flops('NVIDIA H200 NVL') == 835e12 and hardware.peak_flops('NVIDIA GH200 480GB') == 989e12
+    assert hardware.GPUS['GH200']['host'] == 450  # NVLink-C2C: 900 GB/s both ways
 
 
 def test_table_shows_predicted_and_measured():
@@ -283,7 +285,7 @@ def test_checkpointing_recomputes_all_but_the_last_linear():
             forward(x).sum().backward()
         counted.append(counter.get_total_flops())
     s, h, L = cfg.block_size, cfg.n_embd, cfg.n_layer
-    recompute = planner.flops_per_sequence(cfg, ac=True) - planner.flops_per_sequence(cfg)
+    recompute = costs.flops_per_sequence(cfg, ac=True) - costs.flops_per_sequence(cfg)
     assert recompute == L * (counted[1] - counted[0]) + L * s * 4 * h * s
     assert counted[1] - counted[0] < 2 * s * sum(p.numel() for p in block.parameters() if p.dim() == 2)
 
@@ -303,12 +305,12 @@ def test_inter_node_bandwidth_follows_the_gpu_generation():
 def test_cuda_overhead_is_measured_at_start_up(monkeypatch):
     # What is in use on the device but not in PyTorch's allocator after the first collective (CUDA
     # context, NCCL buffers) is the rank's overhead, in place of the 1 GiB guess.
-    total, reserved = planner.GPUS['H200']['mem'], 2 * 2**20
+    total, reserved = hardware.GPUS['H200']['mem'], 2 * 2**20
     free = total - reserved - int(0.7 * GiB)
     monkeypatch.setattr(torch.cuda, 'mem_get_info', lambda *a: (free, total))
     monkeypatch.setattr(torch.cuda, 'memory_reserved', lambda *a: reserved)
     monkeypatch.setattr(torch.cuda, 'get_device_name', lambda *a: 'NVIDIA H200')
-    me = planner.this_rank('cuda', 0, 1)
+    me = hardware.this_rank('cuda', 0, 1)
     assert me['gpu'] == 'H200' and me['mem'] == total and me['overhead'] == total - free - reserved
     cfg, _ = load('gpt_111m')
     with_it, without = (planner.estimate(cfg, 'ddp', 1, 1, overhead=o)['total'] for o in (me['overhead'], 0))
@@ -372,3 +374,35 @@ def test_dry_run_mistake_as_a_process():
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 2 and not out.stdout, out.stderr
         assert len(out.stderr.splitlines()) == 1 and out.stderr.startswith('error: '), out.stderr
+
+
+def test_a_rank_with_less_memory_checkpoints_and_the_others_do_not():
+    # Two H200s on two nodes with a slow link (1.6 Gb/s: FSDP's gathers per micro-batch cost more
+    # than DDP's one all-reduce), one shared with another job (27 GiB left to us): 1.3B's model
+    # states (16 B per parameter, 19.6 GiB) fit there but not one 2048-token sequence's
+    # activations and the loss's working set without checkpointing. DDP fails on that rank; under
+    # ddp+ac only that rank checkpoints (and takes a smaller micro-batch); the other trains
+    # without the recompute.
+    cfg, _ = load('gpt_1p3b')
+    ranks = cluster('H200', 2, per_node=1)
+    ranks[1]['mem'] = 27 * GiB
+    p = planner.make_plan(cfg, 64, ranks, plan='auto', inter_node_bw=0.2e9)
+    assert p.candidates[0][:2] == ('ddp', False)
+    assert p.fits and p.strategy == 'ddp+ac' and p.checkpoint == [False, True]
+    assert p.micro_batch[0] > p.micro_batch[1] >= 1
+    rows = p.table().splitlines()
+    assert re.match(r'\s+0\s+0\s+H200 .* no +pred', rows[2]) and re.match(r'\s+1\s+1\s+H200 .* yes pred', rows[3])
+    # plan=ddp+ac asked for: every rank checkpoints, as asked
+    assert planner.make_plan(cfg, 64, ranks, plan='ddp+ac', inter_node_bw=0.2e9).checkpoint == [True, True]
+
+
+def test_where_the_weights_are_first_made():
+    # 'cpu' (the whole float32 model on each node's host, one copy per rank) when that fits in half
+    # the host memory, else 'meta' (each rank makes its own shard); 'auto' only: a choice is kept
+    cfg, _ = load('gpt_1p3b')
+    copies = 4 * exact_params(cfg) * 8  # eight ranks per node
+    fits, tight = cluster('H200', 8, host_gib=math.ceil(2.2 * copies / GiB)), \
+        cluster('H200', 8, host_gib=math.floor(1.8 * copies / GiB))
+    assert planner.make_plan(cfg, 64, fits).init_device == 'cpu'
+    assert planner.make_plan(cfg, 64, tight).init_device == 'meta'
+    assert planner.make_plan(cfg, 64, tight, init_device='cpu').init_device == 'cpu'

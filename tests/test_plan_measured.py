@@ -7,6 +7,7 @@ import torch.nn.functional as F
 import pytest
 
 import model
+import costs
 import plan as planner
 from model import GPTConfig
 
@@ -90,7 +91,7 @@ POLICIES = {  # strategy, dtype -> (parameter dtype, autocast dtype), as train.p
 
 
 def forget():  # the planner caches what it measured by shape; a variant has the same shape
-    for cached in (planner._shapes, planner.saved_bytes, planner.model_flops):
+    for cached in (costs._shapes, costs.saved_bytes, costs.model_flops):
         cached.cache_clear()
 
 
@@ -131,13 +132,13 @@ def measured_block_bytes(param_dtype, autocast_dtype):
 @pytest.mark.parametrize('policy', sorted(POLICIES))
 def test_activation_bytes_follow_an_edit_to_the_model(variant, policy):
     expected = measured_block_bytes(*POLICIES[policy])
-    predicted = planner.activation_bytes(CFG, *policy)['block']
+    predicted = costs.activation_bytes(CFG, *policy)['block']
     assert predicted == pytest.approx(expected, rel=0.05), (variant, policy)
     # and the estimate grows by that much per sequence in every layer (micro-batches past the
     # loss's group of chunks, whose working set then stops growing)
     act = [planner.estimate(CFG, policy[0], b, 1, dtype=policy[1], device='cpu')['activations']
            for b in (16, 32)]
-    rest = planner.activation_bytes(CFG, *policy)['rest']
+    rest = costs.activation_bytes(CFG, *policy)['rest']
     assert (act[1] - act[0]) / 16 == pytest.approx(CFG.n_layer * expected + rest, rel=0.05)
 
 
@@ -153,8 +154,8 @@ def test_flops_and_parameters_follow_an_edit_to_the_model(variant):
         net(idx, idx)[1].backward()
     s, h, L = CFG.block_size, CFG.n_embd, CFG.n_layer
     expected = counter.get_total_flops() + L * 12 * h * s * s
-    assert planner.flops_per_sequence(CFG) == pytest.approx(expected, rel=0.02)
-    assert planner.counts(CFG)['total'] == sum(p.numel() for p in net.parameters())
+    assert costs.flops_per_sequence(CFG) == pytest.approx(expected, rel=0.02)
+    assert costs.counts(CFG)['total'] == sum(p.numel() for p in net.parameters())
 
 
 def test_the_variants_differ_from_gpt2(monkeypatch):
@@ -194,7 +195,7 @@ OPTIMIZERS = {
 def test_optimizer_state_follows_the_optimizer_train_py_builds(monkeypatch, name):
     if OPTIMIZERS[name]:
         monkeypatch.setattr(model, 'make_optimizer', OPTIMIZERS[name])
-    planner.optimizer_state_bytes.cache_clear()
+    costs.optimizer_state_bytes.cache_clear()
     try:
         # measured here: the state one real step leaves on a plain Linear
         layer = nn.Linear(48, 40)
@@ -205,11 +206,11 @@ def test_optimizer_state_follows_the_optimizer_train_py_builds(monkeypatch, name
         state = sum(t.nbytes for st in optimizer.state.values() for t in st.values()
                     if torch.is_tensor(t) and t.dim() > 0)
         per_param = state / sum(p.numel() for p in layer.parameters())
-        assert planner.optimizer_state_bytes() == pytest.approx(per_param)
+        assert costs.optimizer_state_bytes() == pytest.approx(per_param)
         assert planner.estimate(CFG, 'ddp', 1, 1)['optim'] == pytest.approx(
-            per_param * planner.counts(CFG)['total'], abs=1)
+            per_param * costs.counts(CFG)['total'], abs=1)
     finally:
-        planner.optimizer_state_bytes.cache_clear()
+        costs.optimizer_state_bytes.cache_clear()
     assert per_param == {'adamw': 8, 'sgd_momentum': 4, 'lion': 4, 'sgd_plain': 0}[name]
 
 
@@ -228,9 +229,9 @@ class OrthogonalSGD(torch.optim.Optimizer):  # Muon-like: the update of a matrix
 
 def test_a_whole_matrix_optimizer_is_never_sharded(monkeypatch):
     monkeypatch.setattr(model, 'make_optimizer', lambda params, *args: OrthogonalSGD(params))
-    planner.optimizer_updates_shards_alone.cache_clear()
+    costs.optimizer_updates_shards_alone.cache_clear()
     try:
-        assert not planner.optimizer_updates_shards_alone()
+        assert not costs.optimizer_updates_shards_alone()
         ranks = [dict(device='cuda', gpu='A100-80GB', mem=80 * 2**30)] * 8
         p = planner.make_plan(CFG, 64, ranks)
         assert not p.shard and p.fits
@@ -238,9 +239,9 @@ def test_a_whole_matrix_optimizer_is_never_sharded(monkeypatch):
             planner.make_plan(CFG, 64, ranks, plan='fsdp')
         assert e.value.code == 2
     finally:
-        planner.optimizer_updates_shards_alone.cache_clear()
+        costs.optimizer_updates_shards_alone.cache_clear()
         monkeypatch.undo()
-    assert planner.optimizer_updates_shards_alone()  # AdamW, as model.py has it
+    assert costs.optimizer_updates_shards_alone()  # AdamW, as model.py has it
 
 
 def test_a_forward_the_trace_cannot_run_is_one_line(monkeypatch, capsys):

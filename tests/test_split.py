@@ -1,12 +1,13 @@
 """
-The heterogeneous split (plan.split_batch) against brute force, and micro_batches.
+The heterogeneous split (balance.py) against brute force, and micro_batches.
 """
 import itertools
 import random
 
 import pytest
 
-from plan import micro_batches, split_batch
+import balance
+from balance import fit, micro_batches, rebalance, refit, split, split_batch, weighted
 
 
 def step_time(n, c0, c1):
@@ -80,3 +81,43 @@ def test_micro_batches(n, cap):
         assert len(m) == count and sum(m) == n and all(0 <= x <= cap for x in m) and max(m) - min(m) <= 1
     with pytest.raises(ValueError):
         micro_batches(n + 1, cap, (n + 1) // cap - 1 if (n + 1) // cap > 1 else 0)
+
+
+def test_split_under_ddp_and_lockstep():
+    # DDP: a share runs in micro-batches of at most the cap, each costing c0 more: per sequence
+    # c1 + c0/cap. Lockstep: the given number of micro-batches on every rank, within the caps.
+    shares, sizes = split(12, [2, 4], [0.0, 0.0], [1.0, 1.0])
+    assert shares == [6, 6] and sizes == [[2, 2, 2], [3, 3]]
+    shares, sizes = split(12, [2, 4], [1.0, 1.0], [1.0, 1.0])  # c0 makes small micro-batches dear
+    assert sum(shares) == 12 and shares[1] > shares[0]
+    shares, sizes = split(12, [2, 4], [0.0, 0.0], [1.0, 1.0], count=3)
+    assert shares == [6, 6] and [len(m) for m in sizes] == [3, 3] and max(sizes[0]) <= 2
+    assert split(3, [4, 4], [0.0, 0.0], [1.0, 9.0])[1] == [[3], [0]]  # an empty share: one empty piece
+
+
+def test_weighted_split_is_in_proportion():
+    assert weighted(8, [2, 2], [3, 1], lockstep=False) == ([6, 2], [[2, 2, 2], [2]])
+    assert weighted(8, [2, 2], [3, 1], lockstep=True) == ([6, 2], [[2, 2, 2], [1, 1, 0]])
+
+
+def test_fit_and_refit_recover_the_speeds():
+    c0, c1 = 0.3, 0.2
+    assert fit((2, 4), (c0 + 2 * c1, c0 + 4 * c1)) == pytest.approx((c0, c1))
+    # a step of two micro-batches of 3 on a rank whose c1 became 0.5: refit finds it; a rank with
+    # nothing to do keeps its c1
+    sizes = [[3, 3], [0]]
+    times = [2 * 0.3 + 6 * 0.5, 0.1]
+    assert refit(sizes, [0.3, 0.1], [0.2, 0.7], times) == pytest.approx([0.5, 0.7])
+
+
+def test_rebalance_moves_only_for_a_clear_gain():
+    sizes = [[2, 2], [2, 2]]
+    # rank 1 twice as slow: the fastest split gives rank 0 more, and it is clearly faster
+    new = rebalance(sizes, [4, 4], [0.0, 0.0], [1.0, 2.0], lockstep=False)
+    assert sum(new[0]) > sum(new[1]) and balance.step_time(new, [0.0, 0.0], [1.0, 2.0], False) == 6.0
+    # 2% apart: within the noise the split stays
+    assert rebalance(sizes, [4, 4], [0.0, 0.0], [1.0, 1.02], lockstep=False) == sizes
+    # lockstep keeps the number of micro-batches
+    new = rebalance(sizes, [4, 4], [0.0, 0.0], [1.0, 2.0], lockstep=True)
+    assert [len(m) for m in new] == [2, 2] and sum(map(sum, new)) == 8
+    assert balance.step_time(new, [0.0, 0.0], [1.0, 2.0], True) < balance.step_time(sizes, [0.0, 0.0], [1.0, 2.0], True)

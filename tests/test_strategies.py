@@ -1,4 +1,6 @@
 """Every memory strategy and every split of the batch computes the same training run (float32, CPU)."""
+import re
+
 import pytest
 
 from trainer import TINY, latest_checkpoint, load_params, make_dataset, max_rel_diff, run_train, train_losses
@@ -85,3 +87,22 @@ def test_meta_init_materialises_each_rank_and_keeps_embeddings_tied(work, strate
     dcp.load({'model': sd}, checkpoint_id=latest_checkpoint(work / out))  # read into two separate tensors
     assert torch.equal(sd['lm_head.weight'], sd['transformer.wte.weight'])
     assert 0.01 < sd['lm_head.weight'].std() < 0.05  # initialised (std 0.02), not left empty
+
+
+@pytest.mark.parametrize('strategy,balance', [('ddp', 'auto'), ('fsdp', '3,1')])
+def test_the_split_in_the_plan_table_is_the_split_the_first_step_runs(work, strategy, balance):
+    # Rank 1 is made slower (0.05 s more per sequence in its forward): balance=auto measures both
+    # ranks and gives rank 0 more (under DDP; FSDP's lockstep hides the difference from its timing,
+    # so there by weights). What the table prints for each rank (share, largest micro-batch ×
+    # count) is what that rank reports having run in the first step.
+    p = run_train(work, *COMMON, f'--out_dir=table_{strategy}', f'--plan={strategy}',
+                  '--micro_batch_size=2', '--max_iters=1', f'--balance={balance}', nproc=2,
+                  faults=True, env={'HETGPT_TEST_SLOW_RANK': '1:0.05'})
+    table = {int(m[1]): (int(m[2]), int(m[3]), int(m[4])) for m in re.finditer(
+        r'^\s*(\d+)\s+\d+\s+cpu\s+(\d+)\s+(\d+)×(\d+)\s+(?:yes|no)\s+pred', p.stdout, re.M)}
+    ran = {int(m[1]): [int(x) for x in m[3].split('+')] for m in re.finditer(
+        r'rank (\d+): (\d+) seq in ([\d+]+)', p.stdout)}
+    assert sorted(table) == sorted(ran) == [0, 1], p.stdout
+    assert table[0][0] > table[1][0], p.stdout  # the faster rank has the larger share
+    for r in (0, 1):
+        assert table[r] == (sum(ran[r]), max(ran[r]), len(ran[r])), p.stdout

@@ -8,7 +8,9 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from model import GPT, config_from  # noqa: E402
+import ckpt  # noqa: E402
+
+latest_checkpoint = ckpt.latest
 
 # A model small enough that a test step takes milliseconds; float32 and eager on CPU, no dropout. No biases:
 # the key bias of attention has an exactly zero gradient (softmax ignores a shift), so AdamW turns
@@ -49,18 +51,8 @@ def run_train(cwd, *args, nproc=1, check=True, timeout=600, env=None, faults=Fal
     return p
 
 
-def latest_checkpoint(out_dir):
-    found = sorted(d for d in os.listdir(out_dir) if d.startswith('ckpt_') and not d.endswith('.tmp'))
-    return os.path.join(out_dir, found[-1])
-
-
 def load_params(ckpt_dir):
-    import torch.distributed.checkpoint as dcp
-    meta = json.load(open(os.path.join(ckpt_dir, 'hetgpt.json')))
-    model = GPT(config_from(meta['model_args']))
-    sd = model.state_dict()
-    dcp.load({'model': sd}, checkpoint_id=ckpt_dir)
-    return {k: v.clone() for k, v in sd.items()}
+    return ckpt.load_model(ckpt_dir).state_dict()
 
 
 def max_rel_diff(a, b):

@@ -1,0 +1,170 @@
+"""
+balance.py: how a global batch is split over unlike ranks, and re-split as they are measured.
+
+Rank r runs a micro-batch of n sequences in c0_r + c1_r·n seconds (c0: per micro-batch, c1: per
+sequence), and holds at most caps_r sequences in one. Under DDP each rank runs its own number of
+micro-batches and the step waits for the slowest rank. FSDP2 all-gathers the weights in every
+forward, so there all ranks run the same number of micro-batches (lockstep) and each micro-batch
+waits for its slowest rank. The planner (plan.py) splits with predicted speeds; train.py re-splits
+with measured ones, through the same functions.
+"""
+import heapq
+import math
+import re
+
+from configurator import die
+
+
+def split_batch(batch, c0, c1, caps, count=None):
+    # Whole sequences n_i, sum n_i = batch, 0 <= n_i <= caps_i, minimising max_i c0_i + c1_i·n_i.
+    # Greedy: each next sequence goes to the rank that would finish it earliest. It is optimal:
+    # rank i's finishing times c0_i + c1_i·k (k = 1, 2, ...) increase with k, a split takes a
+    # prefix of each rank's list, so its maximum is at least the batch-th smallest of all these
+    # values; the greedy takes exactly the batch smallest. count=K > 1: FSDP's lockstep, below.
+    if not len(c0) == len(c1) == len(caps):
+        raise ValueError(f"split_batch: c0, c1 and caps differ in length "
+                         f"({len(c0)}, {len(c1)}, {len(caps)})")
+    if min(c1, default=0) < 0 or batch < 0:
+        raise ValueError("split_batch: the batch and each rank's c1 must be >= 0")
+    if count and count > 1:
+        return _split_lockstep(batch, c0, c1, caps, count)
+    if sum(caps) < batch:
+        raise ValueError(f"cannot split {batch} sequences over {len(caps)} ranks: their caps "
+                         f"{list(caps)} hold only {sum(caps)}; lower batch_size, or allow more "
+                         f"micro-batches or sequences per rank")
+    n = [0] * len(caps)
+    heap = [(c0[i] + c1[i], i) for i in range(len(caps)) if caps[i] > 0]
+    heapq.heapify(heap)
+    for _ in range(batch):
+        _, i = heapq.heappop(heap)
+        n[i] += 1
+        if n[i] < caps[i]:
+            heapq.heappush(heap, (c0[i] + c1[i] * (n[i] + 1), i))
+    return n
+
+
+def _split_lockstep(batch, c0, c1, caps, count):
+    # FSDP: every rank runs `count` micro-batches, and each micro-batch waits for the slowest rank.
+    # caps and c0 are per micro-batch; rank i's pieces are micro_batches(n_i, caps_i, count), so
+    # one more sequence for rank i adds one to its micro-batch number n_i mod count. Two greedy
+    # fills, the better kept, then single moves between ranks while they help (up to 16 ranks).
+    # Not provably optimal: tests/test_split.py compares it with brute force.
+    if count * sum(caps) < batch:
+        raise ValueError(f"cannot split {batch} sequences over {len(caps)} ranks in {count} "
+                         f"micro-batches: their caps {list(caps)} per micro-batch hold only "
+                         f"{count * sum(caps)}")
+    R = len(caps)
+
+    def times(n):  # each micro-batch's time: its slowest rank
+        pieces = [micro_batches(x, c, count) for x, c in zip(n, caps)]
+        return [max(a + b * p[j] for a, b, p in zip(c0, c1, pieces)) for j in range(count)]
+
+    def fill(n):  # the remaining sequences one by one, each where it lengthens the step least
+        slot = times(n)
+        grow = lambda i: max(slot[n[i] % count], c0[i] + c1[i] * (n[i] // count + 1)) \
+            - slot[n[i] % count]
+        for _ in range(batch - sum(n)):
+            i = min((i for i in range(R) if n[i] < count * caps[i]),
+                    key=lambda i: (grow(i), c1[i], i))
+            slot[n[i] % count] += grow(i)
+            n[i] += 1
+        return n
+
+    # (a) from nothing; (b) floor(batch/count) split as one micro-batch, count times over
+    n = min(fill([0] * R), fill([count * x for x in split_batch(batch // count, c0, c1, caps)]),
+            key=lambda n: sum(times(n)))
+    improved = R <= 16
+    while improved:
+        improved = False
+        for i, k in ((i, k) for i in range(R) for k in range(R) if i != k):
+            m = list(n)
+            m[i], m[k] = m[i] - 1, m[k] + 1
+            if m[i] >= 0 and m[k] <= count * caps[k] and sum(times(m)) < sum(times(n)) - 1e-12:
+                n, improved = m, True
+    return n
+
+
+def micro_batches(n, cap, count=None):
+    # A rank's n sequences as near-equal micro-batches of at most cap: ceil(n/cap) of them, or
+    # exactly count (FSDP: every rank runs the same count; pieces may be empty).
+    if count is None:
+        count = math.ceil(n / cap) if n else 0
+    if n > count * cap:
+        raise ValueError(f"{n} sequences do not fit in {count} micro-batches of at most {cap}")
+    q, r = divmod(n, count) if count else (0, 0)
+    return [q + 1] * r + [q] * (count - r)
+
+
+def pieces(shares, caps, count=None):
+    # Each rank's micro-batch sizes. DDP: a share in ceil(n/cap) near-equal micro-batches (an empty
+    # share runs one empty micro-batch: the rank still joins the gradient reduction). Lockstep:
+    # `count` micro-batches on every rank (by default the fewest that hold every share).
+    if count is None:
+        return [micro_batches(n, c) or [0] for n, c in zip(shares, caps)]
+    return [micro_batches(n, c, count) for n, c in zip(shares, caps)]
+
+
+def lockstep_count(shares, caps):
+    return max(max(math.ceil(n / c), 1) for n, c in zip(shares, caps))
+
+
+def split(batch, caps, c0, c1, fixed=None, count=None):
+    # The fastest split: (shares, each rank's micro-batch sizes). DDP (count None): a share runs in
+    # micro-batches of at most the rank's cap, so a sequence costs c1 + c0/cap, and `fixed` seconds
+    # per rank come on top (the optimizer step). Lockstep: `count` micro-batches on every rank.
+    if count is None:
+        per_sequence = [b + a / m for a, b, m in zip(c0, c1, caps)]
+        shares = split_batch(batch, fixed or [0.0] * len(caps), per_sequence, [batch] * len(caps))
+    else:
+        shares = split_batch(batch, c0, c1, caps, count)
+    return shares, pieces(shares, caps, count)
+
+
+def weighted(batch, caps, weights, lockstep):
+    # balance=even or balance=w1,w2,...: shares proportional to the weights, in whole sequences
+    shares = split_batch(batch, [0.0] * len(weights), [1 / w for w in weights],
+                         [batch] * len(weights))
+    return shares, pieces(shares, caps, lockstep_count(shares, caps) if lockstep else None)
+
+
+def step_time(sizes, c0, c1, lockstep):
+    # Compute seconds of a step: DDP ranks run their micro-batches on their own; in lockstep each
+    # micro-batch waits for its slowest rank. (An empty micro-batch costs as much as one sequence.)
+    t = [[a + b * max(n, 1) for n in ms] for a, b, ms in zip(c0, c1, sizes)]
+    return sum(map(max, zip(*t))) if lockstep else max(map(sum, t))
+
+
+def fit(sizes, times):
+    # (c0, c1) of a rank from its times at two micro-batch sizes; one size (or a time that did not
+    # grow): all of it per sequence.
+    (b1, b2), (t1, t2) = sizes, times
+    c1 = (t2 - t1) / (b2 - b1) if b2 > b1 and t2 > t1 else t2 / b2
+    return max(0.0, t2 - c1 * b2), c1
+
+
+def refit(sizes, c0, c1, times):
+    # Each rank's c1 from its measured compute seconds of a step (its c0 kept): what the rank did
+    # minus its micro-batches' fixed cost, per sequence. A rank without sequences keeps its c1.
+    return [max(t - a * len(ms), 0.05 * t) / sum(ms) if sum(ms) else b
+            for t, a, b, ms in zip(times, c0, c1, sizes)]
+
+
+def rebalance(sizes, caps, c0, c1, lockstep, gain=0.03):
+    # The fastest split of the same batch (under lockstep in the same number of micro-batches), if
+    # it is predicted more than `gain` faster: noise in the speeds must not make the split wander.
+    batch, count = sum(map(sum, sizes)), len(sizes[0]) if lockstep else None
+    shares, new = split(batch, caps, c0, c1, count=count)
+    if step_time(new, c0, c1, lockstep) < (1 - gain) * step_time(sizes, c0, c1, lockstep):
+        return new
+    return sizes
+
+
+def balance_weights(balance, world_size):
+    # train.py's balance knob: 'auto' (None: by measured speed), 'even', or one weight per rank
+    if balance in ('auto', 'even'):
+        return None if balance == 'auto' else [1.0] * world_size
+    weights = [float(w) for w in balance.split(',') if re.fullmatch(r'\d+(\.\d*)?', w)]
+    if not len(weights) == len(balance.split(',')) == world_size or min(weights) <= 0:
+        die(f"balance={balance!r}: give auto, even, or {world_size} positive weights like "
+            + ','.join(['1'] * world_size))
+    return weights

@@ -1,0 +1,190 @@
+"""
+costs.py: what a step of the model as built costs, measured rather than assumed: parameter counts
+(the model on the meta device), the bytes autograd saves for backward and the FLOPs of a block and
+of the rest (one forward and backward on fake tensors), and the optimizer's state (one step of the
+optimizer train.py builds). A researcher's edit to model.py (another MLP, attention, positions,
+normalisation or optimizer) is planned right as is. No memory is allocated; results are cached by
+shape, so a 175B config is measured in seconds.
+"""
+import functools
+import math
+from dataclasses import replace
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+import model as network  # looked up at call time: a test may swap in a variant of a module
+from configurator import die, oneline
+from model import GPTConfig, config_from
+
+
+# Parameter counts, exactly, from the model on the meta device
+def _config(model_config):
+    return config_from(model_config) if isinstance(model_config, dict) else model_config
+
+
+@functools.lru_cache(maxsize=None)
+def _shapes(config_items):
+    # Parameter shapes of one block and of the root FSDP group (the rest: embeddings, tied
+    # wte/lm_head, ln_f), from the model built on the meta device.
+    with torch.device('meta'):
+        model = network.GPT(GPTConfig(**dict(config_items)))
+    in_blocks = {id(p) for b in model.transformer.h for p in b.parameters()}
+    block = tuple(tuple(p.shape) for p in model.transformer.h[0].parameters())
+    root = tuple(tuple(p.shape) for p in model.parameters() if id(p) not in in_blocks)
+    return block, root
+
+
+def counts(model_config):
+    c = _config(model_config)
+    block, root = _shapes(tuple(sorted(vars(replace(c, n_layer=1)).items())))
+    numel = lambda shapes: sum(math.prod(s) for s in shapes)
+    return dict(total=c.n_layer * numel(block) + numel(root), block=numel(block), root=numel(root),
+                block_shapes=block, root_shapes=root)
+
+
+# What the model saves for backward and what its optimizer keeps, measured rather than assumed: a
+# researcher's edit to model.py (another MLP, attention, normalisation) is planned right as is.
+def _storage_bytes(tensors, exclude):
+    seen = {}
+    for t in tensors:
+        ref = StorageWeakRef(t.untyped_storage())
+        if ref not in exclude:
+            seen[ref] = t.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+def _saved(fn, params, *inputs):
+    # Bytes that autograd saves for backward while fn runs (each storage once; the parameters
+    # themselves are model states, not activations), and fn's output.
+    packed = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
+        out = fn(*inputs)
+    return _storage_bytes(packed, {StorageWeakRef(p.untyped_storage()) for p in params}), out
+
+
+@functools.lru_cache(maxsize=None)
+def saved_bytes(config_items, param_dtype, autocast_dtype):
+    # One block, and the rest (embeddings, ln_f, the loss), run forward on fake tensors at the
+    # real sequence length for micro-batches of 1 and 2 sequences, under a dtype policy: float32;
+    # float32 weights under autocast (DDP); 16-bit weights (FSDP2's param_dtype). Saved bytes are
+    # affine in the micro-batch: per sequence, and fixed (autocast's 16-bit weight copies, the
+    # loss's float32 weight gradient). Also the bytes of a block's input per sequence, which is
+    # what per-block checkpointing keeps. No memory is allocated; cached by shape.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    cfg = GPTConfig(**dict(config_items))
+    s, h = cfg.block_size, cfg.n_embd
+    autocast = torch.autocast('cpu', dtype=autocast_dtype, enabled=autocast_dtype is not None)
+    default = torch.get_default_dtype()
+    found = {}
+    with FakeTensorMode():
+        torch.set_default_dtype(param_dtype)
+        try:
+            block = network.Block(cfg)
+            rest = network.GPT(replace(cfg, n_layer=0))
+        finally:
+            torch.set_default_dtype(default)
+        stream = param_dtype if autocast_dtype is None else torch.float32
+        for b in (1, 2):
+            x = torch.empty(b, s, h, dtype=stream, requires_grad=True)
+            idx = torch.zeros(b, s, dtype=torch.long)
+            with autocast:
+                found['block', b], y = _saved(block, block.parameters(), x)
+                found['rest', b], _ = _saved(lambda i: rest(i, i), rest.parameters(), idx)
+    per = {k: found[k, 2] - found[k, 1] for k in ('block', 'rest')}
+    fixed = {k: found[k, 1] - per[k] for k in ('block', 'rest')}
+    return dict(block=per['block'], rest=per['rest'], block_fixed=fixed['block'],
+                rest_fixed=fixed['rest'], block_input=y[:1].numel() * y.element_size())
+
+
+def _measured(measure, *args):
+    # What cannot be measured cannot be planned: say so in one line.
+    try:
+        return measure(*args)
+    except Exception as e:
+        die(f"the planner cannot run model.py's network on fake tensors to measure it "
+            f"({oneline(e)}): keep its forward free of data-dependent Python (.item(), numpy)")
+
+
+def activation_bytes(model_config, strategy, dtype):
+    # saved_bytes for this config under the dtype policy train.py uses with this strategy: FSDP2's
+    # 16-bit parameters, or DDP's float32 ones under autocast.
+    dtype = str(dtype).replace('torch.', '')
+    half = {'bfloat16': torch.bfloat16, 'float16': torch.float16}.get(dtype)
+    policy = (torch.float32, None) if half is None else (half, None) \
+        if strategy.startswith('fsdp') else (torch.float32, half)
+    return _measured(saved_bytes, tuple(sorted(vars(_config(model_config)).items())), *policy)
+
+
+@functools.lru_cache(maxsize=None)
+def optimizer_state_bytes():
+    # Optimizer state per parameter (AdamW: 8), measured: one step of model.make_optimizer, the
+    # optimizer train.py builds, on a small model; scalars such as AdamW's step count are left out.
+    torch.manual_seed(0)
+    net = network.GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=8, vocab_size=64))
+    optimizer = network.make_optimizer(net.parameters())
+    for p in net.parameters():
+        p.grad = torch.randn_like(p)
+    optimizer.step()
+    state = [t for st in optimizer.state.values() for t in st.values()
+             if torch.is_tensor(t) and t.numel() > 1]
+    return _storage_bytes(state, set()) / sum(p.numel() for p in net.parameters())
+
+
+@functools.lru_cache(maxsize=None)
+def optimizer_updates_shards_alone():
+    # FSDP2 steps each rank's dim-0 shard of a matrix on its own. An elementwise optimizer (AdamW,
+    # SGD, Lion) updates the halves of a matrix as it updates the whole; one whose update needs the
+    # whole matrix (Muon's orthogonalisation) does not, and cannot run sharded.
+    torch.manual_seed(0)
+    whole = torch.nn.Parameter(torch.randn(8, 6))
+    halves = [torch.nn.Parameter(half.clone()) for half in whole.detach().split(4)]
+    grad = torch.randn(8, 6)
+    for params, grads in (([whole], [grad]), (halves, grad.split(4))):
+        optimizer = network.make_optimizer(params)
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        optimizer.step()
+    return torch.allclose(whole.detach(), torch.cat([h.detach() for h in halves]), atol=1e-6)
+
+
+@functools.lru_cache(maxsize=None)
+def model_flops(config_items):
+    # Training FLOPs of one sequence, counted (FlopCounterMode) on fake tensors: one block forward
+    # and backward, plain and under the checkpointing train.py applies (whose recompute stops
+    # short of the block's last matmul), and the rest (embeddings, ln_f, the loss's matmuls).
+    # Attention runs as SDPA's math kernel here, which the counter sees: its full s×s products,
+    # PaLM's 12·h·s per token and layer (the fused kernels of the CPU and GPU skip the masked
+    # half, or are not counted at all on the CPU).
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.checkpoint import checkpoint
+    from torch.utils.flop_counter import FlopCounterMode
+    cfg = GPTConfig(**dict(config_items))
+    counted = {}
+    with FakeTensorMode(), sdpa_kernel(SDPBackend.MATH):
+        block, rest = network.Block(cfg), network.GPT(replace(cfg, n_layer=0))
+        x = torch.empty(1, cfg.block_size, cfg.n_embd, requires_grad=True)
+        idx = torch.zeros(1, cfg.block_size, dtype=torch.long)
+        runs = dict(block=lambda: block(x), ac=lambda: checkpoint(block, x, use_reentrant=False),
+                    rest=lambda: rest(idx, idx)[1])
+        for name, run in runs.items():
+            with FlopCounterMode(display=False) as counter:
+                run().sum().backward()
+            counted[name] = counter.get_total_flops()
+    return counted
+
+
+def flops_per_sequence(model_config, ac=False):
+    # Training FLOPs of one sequence (model_flops): MFU's numerator everywhere, train.py's too.
+    c = _config(model_config)
+    f = _measured(model_flops, tuple(sorted(vars(c).items())))
+    return c.n_layer * f['ac' if ac else 'block'] + f['rest']
+
+
+def mfu(model_config, sequences, seconds, peak):
+    # Model FLOPs utilisation: the training FLOPs of `sequences` sequences (flops_per_sequence; no
+    # recompute counted) done in `seconds`, over `peak` FLOP/s; None when the peak is not known.
+    if not (peak and seconds) or math.isnan(peak):
+        return None
+    return sequences * flops_per_sequence(model_config) / seconds / peak
