@@ -105,6 +105,14 @@ def peak_rss():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
+def peak_memory(device_type):
+    # GiB at the peak so far: (allocated, reserved) on the GPU, and the host's RSS (on a CPU, all 3)
+    host = peak_rss() / 2**30
+    if device_type != 'cuda':
+        return host, host, host
+    return torch.cuda.max_memory_allocated() / 2**30, torch.cuda.max_memory_reserved() / 2**30, host
+
+
 # The default process group's backend, by the device type train.py runs on. Under CUDA one group has
 # a backend per device type: NCCL serves only CUDA tensors, and train.py also reduces host tensors
 # (flags, counts, the peak FLOPS; gradients under CPU offload), which go through gloo.

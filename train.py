@@ -1,14 +1,9 @@
 """
-Trains a GPT on one process, one GPU, or many (DDP or FSDP2, as the planner decides).
-
+Trains a GPT on one process, one GPU, or many (DDP or FSDP2, as plan.py decides).
 $ python train.py configs/gpt_tiny.py --device=cpu
 $ torchrun --standalone --nproc_per_node=8 train.py configs/gpt_13b.py
-$ torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=10.0.0.1 \
-      --master_port=29500 train.py configs/gpt_70b.py   # and --node_rank=1 on the second node
-
-batch_size is the GLOBAL number of sequences per optimizer step (as gigaGPT; nanoGPT's is per GPU
-and micro-batch). How they are spread over ranks and micro-batches is the plan's business
-(plan.py); the gradient is always that of the whole batch, as if one device had computed it.
+batch_size is the GLOBAL number of sequences per optimizer step (as gigaGPT), however the plan
+spreads them over ranks and micro-batches: the gradient is always that of the whole batch.
 """
 import functools
 import math
@@ -91,18 +86,17 @@ stall_timeout = 300    # seconds with no progress before ranks give up on a sile
 # What each knob may be (configurator.check_rule): a bound, an interval, or a pattern to match.
 RULES = {
     'out_dir': '.+', 'init_from': 'scratch|resume|auto|gpt2(-medium|-large|-xl)?', 'dataset': '.+',
-    'eval_interval': '> 0', 'eval_iters': '> 0', 'log_interval': '> 0',
-    'checkpoint_interval': '>= 0', 'keep_last': '>= 1',
-    'wandb_log': '', 'wandb_project': '', 'wandb_run_name': '',
+    'eval_interval': '> 0', 'eval_iters': '> 0', 'log_interval': '> 0', 'keep_last': '>= 1',
+    'checkpoint_interval': '>= 0', 'wandb_log': '', 'wandb_project': '', 'wandb_run_name': '',
     'n_layer': '> 0', 'n_head': '> 0', 'n_embd': '> 0', 'block_size': '> 0', 'vocab_size': '> 0',
-    'dropout': '[0, 1)', 'bias': '', 'init_std': '> 0',
-    'batch_size': '> 0', 'learning_rate': '> 0', 'max_iters': '> 0', 'weight_decay': '>= 0',
-    'beta1': '[0, 1)', 'beta2': '[0, 1)', 'adam_eps': '>= 0', 'grad_clip': '>= 0',
-    'max_bad_steps': '>= 1', 'warmup_iters': '>= 0', 'lr_decay_iters': '>= 0', 'min_lr': '>= 0',
-    'seed': '>= 0', 'device': 'auto|cpu|cuda(:[0-9]+)?', 'dtype': 'auto|float32|bfloat16|float16',
-    'compile': '', 'plan': '|'.join(map(re.escape, ('auto',) + planner.STRATEGIES)),
-    'micro_batch_size': '>= 0', 'memory_fraction': '(0, 1]', 'init_device': 'auto|cpu|meta',
-    'balance': r'auto|even|[0-9.,]+', 'rebalance_interval': '> 0', 'stall_timeout': '>= 0'}
+    'dropout': '[0, 1)', 'bias': '', 'init_std': '> 0', 'batch_size': '> 0', 'max_iters': '> 0',
+    'learning_rate': '> 0', 'weight_decay': '>= 0', 'beta1': '[0, 1)', 'beta2': '[0, 1)',
+    'adam_eps': '>= 0', 'grad_clip': '>= 0', 'max_bad_steps': '>= 1', 'warmup_iters': '>= 0',
+    'lr_decay_iters': '>= 0', 'min_lr': '>= 0', 'seed': '>= 0', 'compile': '',
+    'device': 'auto|cpu|cuda(:[0-9]+)?', 'dtype': 'auto|float32|bfloat16|float16',
+    'plan': '|'.join(map(re.escape, ('auto',) + planner.STRATEGIES)), 'micro_batch_size': '>= 0',
+    'memory_fraction': '(0, 1]', 'init_device': 'auto|cpu|meta', 'balance': r'auto|even|[0-9.,]+',
+    'rebalance_interval': '> 0', 'stall_timeout': '>= 0'}
 config = configure({k: v for k, v in globals().items() if is_knob(k, v)}, rules=RULES)
 globals().update(config)
 if n_embd % n_head:
@@ -127,6 +121,13 @@ device_type, ptdtype = device.split(':')[0], getattr(torch, dtype)
 watchdog = guard.start_group(hardware.BACKENDS[device_type], rank, world_size, stall_timeout)
 master = rank == 0
 log = functools.partial(print, flush=True) if master else lambda *args: None
+
+
+def gather(obj):  # every rank's obj, in rank order
+    out = [None] * world_size
+    dist.all_gather_object(out, obj)
+    return out
+
 
 # -----------------------------------------------------------------------------
 # Data: a flat uint16 token file per split. The sequences of the global batch at step k are a fixed
@@ -163,8 +164,7 @@ if model_args.block_size < block_size:
 if device_type == 'cuda':  # NCCL makes its buffers at its first collective: this_rank measures them
     dist.all_reduce(torch.zeros(1, device=device))
 me = hardware.this_rank(device_type, rank, local_world)  # device, memory, overhead, node, host
-ranks = [None] * world_size
-dist.all_gather_object(ranks, me)
+ranks = gather(me)
 run_plan = planner.make_plan(
     model_args, batch_size, ranks, plan=plan, micro_batch_size=micro_batch_size,
     memory_fraction=memory_fraction, dtype=dtype, weights=weights,
@@ -192,10 +192,9 @@ if run_plan.shard:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import (CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy,
                                         fully_shard)
-    # fully_shard moves each parameter to the mesh's device as it shards it: the whole model never
-    # has to fit on one GPU. The mesh spans the world, so it uses the default group: under offload
-    # the gradients are host tensors and clip_grad_norm_ reduces their norms through its gloo.
-    # Pinned host shards (CUDA only: pinning needs a GPU) make the copies to and from it async.
+    # fully_shard moves each parameter to the device as it shards it: the model never has to fit
+    # on one GPU. The mesh uses the default group: offloaded gradients are host tensors, whose norms
+    # clip_grad_norm_ reduces through its gloo. Pinned host shards (CUDA only) copy asynchronously.
     offload = CPUOffloadPolicy(pin_memory=device_type == 'cuda') if run_plan.offload else None
     fsdp_kw = dict(mesh=init_device_mesh(device_type, (world_size,)),
                    mp_policy=MixedPrecisionPolicy(param_dtype=ptdtype, reduce_dtype=torch.float32),
@@ -306,18 +305,15 @@ def measure_speed(cap):
 caps = run_plan.micro_batch
 while True:
     probed = probe_step(caps[rank])
-    peaks = [None] * world_size
-    dist.all_gather_object(peaks, probed)
-    if all(peaks):
+    measured = gather(probed)
+    if all(measured):
         break
-    caps = planner.after_oom(caps, peaks, run_plan.strategy)
+    caps = planner.after_oom(caps, measured, run_plan.strategy)
     log(f"out of memory in the probe step: micro-batches now {caps}")
-speeds = [None] * world_size
-if weights is None and world_size > 1:
-    dist.all_gather_object(speeds, measure_speed(caps[rank]))
-c0, c1 = zip(*speeds) if speeds[0] else (None, None)
+by_speed = weights is None and world_size > 1
+c0, c1 = zip(*gather(measure_speed(caps[rank]))) if by_speed else (None, None)
 run_plan = planner.resplit(run_plan, caps, c0, c1)
-log(run_plan.table(peaks))
+log(run_plan.table(measured))
 iter_num = ckpt.load(resume_from, model, optimizer, model_args) if resume_from else 0
 if resume_from:
     log(f"resumed from {resume_from} at iter {iter_num}")
@@ -333,9 +329,8 @@ record = guard.Metrics(out_dir, iter_num, {
 ) if master else lambda row: None
 
 
-peak = hardware.peak_flops(me['gpu'], dtype) if me['gpu'] else None
-peak_sum = torch.tensor(peak or float('nan'), dtype=torch.float64)  # nan when any rank's unknown
-dist.all_reduce(peak_sum)  # host tensor (gloo)
+peak_flops = [hardware.peak_flops(r['gpu'], dtype) for r in ranks]  # None: unknown (CPU)
+peak_sum = sum(peak_flops) if all(peak_flops) else None
 trained_args = {**vars(model_args), 'block_size': block_size}  # (may be below the model's)
 tokens_per_step = batch_size * block_size
 
@@ -367,20 +362,16 @@ def validate(it, cap):
 def log_ranks(ran, busy):
     # What each rank ran in its last step (sequences, micro-batches), its idle fraction, and its
     # MFU on its own peak
-    stats = [None] * world_size
-    dist.all_gather_object(stats, (ran, float(busy[0]), float(busy[1]), peak))
     log('  ' + '; '.join(
         f"rank {r}: {sum(ms)} seq in {'+'.join(map(str, ms))}, idle {max(0, 1 - c / w):.0%}"
         + (f", mfu {costs.mfu(trained_args, sum(ms), w, p):.0%}" if p else '')
-        for r, (ms, c, w, p) in enumerate(stats)))
+        for r, ((ms, c, w), p) in enumerate(zip(gather((ran, *busy.tolist())), peak_flops))))
 
 
 def rebalanced(it, sizes, c1, compute):
     # Refit each rank's c1 from its smoothed compute time of the last steps (not the wait in
     # collectives) and re-split if that is clearly faster (balance.py).
-    times = [None] * world_size
-    dist.all_gather_object(times, compute)
-    c1 = refit(sizes, c0, c1, times)
+    c1 = refit(sizes, c0, c1, gather(compute))
     new = rebalance(sizes, caps, c0, c1, lockstep=run_plan.shard)
     if new != sizes:
         shares = [[sum(s) for s in x] for x in (sizes, new)]
@@ -397,7 +388,7 @@ if iter_num == 0:
 # -----------------------------------------------------------------------------
 # The loop
 sizes = run_plan.micro_batches  # every rank's micro-batches (rebalanced by measured speed)
-bad_run = worst_run = skipped = torch.zeros((), device=device)
+bad_steps = guard.BadSteps(device, max_bad_steps, out_dir)
 busy = torch.zeros(2, dtype=torch.float64)  # smoothed (compute, whole step) seconds of this rank
 t_log, steps_since, loss_acc = time.perf_counter(), 0, torch.zeros((), device=device)
 while iter_num < max_iters:
@@ -425,9 +416,7 @@ while iter_num < max_iters:
         scaler.step(optimizer)
     elif not bad:  # (the foreach fallback: one scalar to the host per step)
         scaler.step(optimizer)
-    # on the device: steps in a row with a skipped update, the most of them, and their count
-    bad_run = (bad_run + 1) * bad
-    worst_run, skipped = torch.maximum(worst_run, bad_run), skipped + bad
+    bad_steps.add(bad)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
     iter_num += 1
@@ -438,22 +427,13 @@ while iter_num < max_iters:
         sizes, c1 = rebalanced(iter_num, sizes, c1, float(busy[0]))
 
     if iter_num % log_interval == 0 or iter_num == max_iters:
-        if skipped.item():  # (the same on every rank: the norm is global)
-            log(f"iter {iter_num}: {int(skipped)} of the last {steps_since} updates skipped: "
-                f"loss or gradients not finite")
-        if worst_run.item() >= max_bad_steps:
-            die(f"{int(worst_run)} steps in a row with non-finite loss or gradients, by iter "
-                f"{iter_num - 1}; the last good checkpoint is "
-                f"{(ckpt.checkpoints(out_dir) or ['none yet'])[-1]}: lower learning_rate or "
-                f"check the data, then init_from=resume")
+        bad_steps.report(iter_num, steps_since, log)  # (the same on every rank)
         dist.all_reduce(loss_acc)  # the whole global batch's loss, not rank 0's share
         loss_val = loss_acc.item() / (steps_since * tokens_per_step)
         dt = (time.perf_counter() - t_log) / steps_since
         tps = tokens_per_step / dt
-        mfu = costs.mfu(trained_args, batch_size, dt, peak_sum.item())
-        host = hardware.peak_rss() / 2**30
-        mem = torch.cuda.max_memory_allocated() / 2**30 if device_type == 'cuda' else host
-        reserved = torch.cuda.max_memory_reserved() / 2**30 if device_type == 'cuda' else host
+        mfu = costs.mfu(trained_args, batch_size, dt, peak_sum)
+        mem, reserved, host = hardware.peak_memory(device_type)  # GiB
         eta = dt * (max_iters - iter_num)
         log(f"iter {iter_num}: loss {loss_val:.4f}, lr {lr:.2e}, {tps:,.0f} tok/s, "
             f"mfu {'n/a' if mfu is None else f'{100 * mfu:.1f}%'}, mem {mem:.2f} GiB, "
@@ -464,7 +444,6 @@ while iter_num < max_iters:
         if world_size > 1 and busy[1] > 0:
             log_ranks(ran, busy)
         t_log, steps_since, loss_acc = time.perf_counter(), 0, torch.zeros((), device=device)
-        worst_run, skipped = bad_run.clone(), torch.zeros((), device=device)
     t_pause = time.perf_counter()  # evaluation and checkpoints are not step time
     if iter_num % eval_interval == 0 or iter_num == max_iters:
         validate(iter_num, caps[rank])
