@@ -149,14 +149,17 @@ def refit(sizes, c0, c1, times):
             for t, a, b, ms in zip(times, c0, c1, sizes)]
 
 
-def rebalance(sizes, caps, c0, c1, lockstep, gain=0.03):
-    # The fastest split of the same batch (under lockstep in the same number of micro-batches), if
-    # it is predicted more than `gain` faster: noise in the speeds must not make the split wander.
+def rebalance(sizes, caps, c0, c1, times, lockstep, gain=0.03):
+    # Each rank's c1 refitted to its measured compute seconds of a step (times: not the waits in
+    # collectives), then the fastest split of the same batch (under lockstep in as many
+    # micro-batches), if it is predicted more than `gain` faster: noise in the speeds must not make
+    # the split wander. Returns (sizes, c1).
+    c1 = refit(sizes, c0, c1, times)
     batch, count = sum(map(sum, sizes)), len(sizes[0]) if lockstep else None
     shares, new = split(batch, caps, c0, c1, count=count)
     if step_time(new, c0, c1, lockstep) < (1 - gain) * step_time(sizes, c0, c1, lockstep):
-        return new
-    return sizes
+        return new, c1
+    return sizes, c1
 
 
 def balance_weights(balance, world_size):

@@ -32,7 +32,7 @@ import guard
 import hardware
 import hf
 import plan as planner
-from balance import balance_weights, fit, rebalance, refit
+from balance import balance_weights, fit, rebalance
 from model import GPT, LMHeadLoss, chunk_loss, config_from, make_optimizer
 
 # -----------------------------------------------------------------------------
@@ -368,17 +368,6 @@ def log_ranks(ran, busy):
         for r, ((ms, c, w), p) in enumerate(zip(gather((ran, *busy.tolist())), peak_flops))))
 
 
-def rebalanced(it, sizes, c1, compute):
-    # Refit each rank's c1 from its smoothed compute time of the last steps (not the wait in
-    # collectives) and re-split if that is clearly faster (balance.py).
-    c1 = refit(sizes, c0, c1, gather(compute))
-    new = rebalance(sizes, caps, c0, c1, lockstep=run_plan.shard)
-    if new != sizes:
-        shares = [[sum(s) for s in x] for x in (sizes, new)]
-        log(f"iter {it}: rebalanced {shares[0]} -> {shares[1]}")
-    return new, c1
-
-
 log(f"{raw_model.num_params(False):,} parameters; {world_size} rank(s) on {device_type}, {how}; "
     f"{tokens_per_step:,} tokens per step; shares {run_plan.share}")
 stop_signals = guard.Signals(out_dir)  # from here a signal checkpoints at the end of the step
@@ -423,8 +412,11 @@ while iter_num < max_iters:
     steps_since += 1
     if timed:
         busy = 0.7 * busy + 0.3 * torch.tensor([compute, clock(True) - t_step], dtype=torch.float64)
-    if c0 is not None and iter_num % rebalance_interval == 0:
-        sizes, c1 = rebalanced(iter_num, sizes, c1, float(busy[0]))
+    if c0 is not None and iter_num % rebalance_interval == 0:  # refit to recent compute times
+        new, c1 = rebalance(sizes, caps, c0, c1, gather(float(busy[0])), run_plan.shard)
+        if new != sizes:
+            log(f"iter {iter_num}: rebalanced {list(map(sum, sizes))} -> {list(map(sum, new))}")
+        sizes = new
 
     if iter_num % log_interval == 0 or iter_num == max_iters:
         bad_steps.report(iter_num, steps_since, log)  # (the same on every rank)

@@ -111,13 +111,14 @@ def test_fit_and_refit_recover_the_speeds():
 
 
 def test_rebalance_moves_only_for_a_clear_gain():
-    sizes = [[2, 2], [2, 2]]
-    # rank 1 twice as slow: the fastest split gives rank 0 more, and it is clearly faster
-    new = rebalance(sizes, [4, 4], [0.0, 0.0], [1.0, 2.0], lockstep=False)
-    assert sum(new[0]) > sum(new[1]) and balance.step_time(new, [0.0, 0.0], [1.0, 2.0], False) == 6.0
+    sizes, c0 = [[2, 2], [2, 2]], [0.0, 0.0]
+    # rank 1 measured twice as slow (4 s for its 4 sequences): rank 0 gets more, clearly faster
+    new, c1 = rebalance(sizes, [4, 4], c0, [1.0, 1.0], [4.0, 8.0], lockstep=False)
+    assert c1 == pytest.approx([1.0, 2.0])
+    assert sum(new[0]) > sum(new[1]) and balance.step_time(new, c0, c1, False) == 6.0
     # 2% apart: within the noise the split stays
-    assert rebalance(sizes, [4, 4], [0.0, 0.0], [1.0, 1.02], lockstep=False) == sizes
+    assert rebalance(sizes, [4, 4], c0, [1.0, 1.0], [4.0, 4.08], lockstep=False)[0] == sizes
     # lockstep keeps the number of micro-batches
-    new = rebalance(sizes, [4, 4], [0.0, 0.0], [1.0, 2.0], lockstep=True)
+    new, c1 = rebalance(sizes, [4, 4], c0, [1.0, 1.0], [4.0, 8.0], lockstep=True)
     assert [len(m) for m in new] == [2, 2] and sum(map(sum, new)) == 8
-    assert balance.step_time(new, [0.0, 0.0], [1.0, 2.0], True) < balance.step_time(sizes, [0.0, 0.0], [1.0, 2.0], True)
+    assert balance.step_time(new, c0, c1, True) < balance.step_time(sizes, c0, c1, True)

@@ -96,13 +96,18 @@ def test_the_split_in_the_plan_table_is_the_split_the_first_step_runs(work, stra
     # so there by weights). What the table prints for each rank (share, largest micro-batch ×
     # count) is what that rank reports having run in the first step.
     p = run_train(work, *COMMON, f'--out_dir=table_{strategy}', f'--plan={strategy}',
-                  '--micro_batch_size=2', '--max_iters=1', f'--balance={balance}', nproc=2,
-                  faults=True, env={'HETGPT_TEST_SLOW_RANK': '1:0.05'})
+                  '--micro_batch_size=2', '--max_iters=4', '--rebalance_interval=2',
+                  f'--balance={balance}', nproc=2, faults=True,
+                  env={'HETGPT_TEST_SLOW_RANK': '1:0.05'})
     table = {int(m[1]): (int(m[2]), int(m[3]), int(m[4])) for m in re.finditer(
         r'^\s*(\d+)\s+\d+\s+cpu\s+(\d+)\s+(\d+)×(\d+)\s+(?:yes|no)\s+pred', p.stdout, re.M)}
+    first_step = p.stdout[p.stdout.index('iter 1: loss'):p.stdout.index('iter 2: loss')]
     ran = {int(m[1]): [int(x) for x in m[3].split('+')] for m in re.finditer(
-        r'rank (\d+): (\d+) seq in ([\d+]+)', p.stdout)}
+        r'rank (\d+): (\d+) seq in ([\d+]+)', first_step)}
     assert sorted(table) == sorted(ran) == [0, 1], p.stdout
     assert table[0][0] > table[1][0], p.stdout  # the faster rank has the larger share
     for r in (0, 1):
         assert table[r] == (sum(ran[r]), max(ran[r]), len(ran[r])), p.stdout
+    # (the refit every 2 steps runs: a move, if any, keeps the whole batch)
+    for before, after in re.findall(r'rebalanced \[(.*?)\] -> \[(.*?)\]', p.stdout):
+        assert sum(map(int, before.split(','))) == sum(map(int, after.split(','))) == 8
