@@ -8,6 +8,7 @@ shape, so a 175B config is measured in seconds.
 """
 import functools
 import math
+import weakref
 from dataclasses import replace
 
 import torch
@@ -55,12 +56,15 @@ def _storage_bytes(tensors, exclude):
 
 
 def _saved(fn, params, *inputs):
-    # Bytes that autograd saves for backward while fn runs (each storage once; the parameters
-    # themselves are model states, not activations), and fn's output.
+    # Bytes that autograd saves for backward while fn runs and still holds when it returns (each
+    # storage once; the parameters themselves are model states, not activations), and fn's output.
+    # Held: a graph made and freed inside fn (the loss's per-chunk autograd) saves nothing lasting.
     packed = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(weakref.ref(t)) or t,
+                                                  lambda t: t):
         out = fn(*inputs)
-    return _storage_bytes(packed, {StorageWeakRef(p.untyped_storage()) for p in params}), out
+    held = [t for t in (ref() for ref in packed) if t is not None]
+    return _storage_bytes(held, {StorageWeakRef(p.untyped_storage()) for p in params}), out
 
 
 @functools.lru_cache(maxsize=None)

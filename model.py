@@ -30,7 +30,7 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
         assert config.n_embd % config.n_head == 0
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v at once
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.n_head, self.n_embd, self.dropout = config.n_head, config.n_embd, config.dropout
@@ -82,24 +82,18 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
-def chunk_loss(raw, targets):
-    # One chunk of logits (rows, vocab) in the compute dtype → (sum of its token losses, gradient of that
-    # sum with respect to the logits: softmax - one-hot, in the compute dtype). Targets -1 add nothing.
-    # Only elementwise work, which torch.compile fuses into one pass (train.py compiles it with the blocks).
-    logits, keep, targets = raw.float(), targets != -1, targets.clamp(min=0)
-    lse = torch.logsumexp(logits, dim=-1).masked_fill_(~keep, float('inf'))  # ignored rows: softmax 0
-    loss = (lse - logits.gather(1, targets[:, None]).squeeze(1)).masked_fill_(~keep, 0.0).sum()
-    grad = logits.sub_(lse[:, None]).exp_()  # the softmax, in place of the logits
-    grad[torch.arange(len(targets), device=raw.device), targets] -= keep.float()
-    return loss, grad.to(raw.dtype)
+def chunk_loss(logits, targets):
+    # The loss of one chunk of tokens, logits (rows, vocab) in the compute dtype: the sum of their
+    # cross-entropies, in float32; targets -1 add nothing. Plain PyTorch: LMHeadLoss gets its
+    # gradient from autograd, so another loss (z-loss, label smoothing) is an edit here only.
+    return F.cross_entropy(logits.float(), targets, ignore_index=-1, reduction='sum')
 
 
 class LMHeadLoss(torch.autograd.Function):
-    # Sum of the token cross-entropies of the logits x @ weight.T, a chunk of tokens at a time. The
-    # logits of the whole micro-batch (tokens × vocab, which float32 copies, log-softmax and gradient
-    # would each hold again) never exist: each chunk's logits become at once that chunk's share of the
-    # gradients of x and weight, which backward returns scaled.
-    kernel = staticmethod(chunk_loss)
+    # Sum of the token losses (chunk_loss) of the logits x @ weight.T, a chunk of tokens at a time:
+    # the micro-batch's logits (tokens × vocab, held again by float32 copies and gradients) never
+    # exist. Each chunk's logits become at once its share of the gradients of x and weight.
+    kernel = staticmethod(chunk_loss)  # train.py compiles it (forward and autograd's backward)
 
     @staticmethod
     def forward(ctx, x, weight, targets, need_grad):
@@ -109,31 +103,36 @@ class LMHeadLoss(torch.autograd.Function):
         grad_w = torch.zeros(weight.shape, device=x.device) if need_grad else None  # float32 sum
         ctx.shape, ctx.weight_dtype, dev = shape, weight.dtype, x.device.type
         if torch.is_autocast_enabled(dev):  # cast once here, not in each of the chunks' matmuls
-            x, weight = x.to(torch.get_autocast_dtype(dev)), weight.to(torch.get_autocast_dtype(dev))
+            x, weight = (t.to(torch.get_autocast_dtype(dev)) for t in (x, weight))
         rows, group = LOSS_CHUNK.get(dev, (1024, 1024))
-        assert group % rows == 0, f"LOSS_CHUNK[{dev!r}]: the group ({group}) must be whole chunks of {rows}"
-        for g in range(0, len(targets), group):  # the weight's gradient: one matmul per group of chunks
-            grads = []
+        assert group % rows == 0, f"LOSS_CHUNK[{dev!r}]: group {group} not whole chunks of {rows}"
+        grads = x.new_empty(min(group, len(x)), len(weight)) if need_grad else None  # reused
+        for g in range(0, len(targets), group):  # the weight's gradient: one matmul per group
             for i in range(g, min(g + group, len(targets)), rows):
-                chunk_sum, grad = LMHeadLoss.kernel(x[i:i + rows] @ weight.t(), targets[i:i + rows])
+                logits = (x[i:i + rows] @ weight.t()).requires_grad_(need_grad)
+                with torch.enable_grad():  # forward runs without autograd; the loss needs it
+                    chunk_sum = LMHeadLoss.kernel(logits, targets[i:i + rows])
                 loss += chunk_sum
-                if need_grad:
+                if need_grad:  # d chunk_sum / d logits, into the chunk's rows of the group's
+                    grad = grads[i - g:i - g + len(logits)]
+                    grad.copy_(torch.autograd.grad(chunk_sum, logits)[0])
                     grad_x[i:i + rows] = grad @ weight
-                    grads.append(grad)
             if need_grad:
-                grad_w += torch.cat(grads).t() @ x[g:g + group]
+                grad_w += grads[:len(x) - g].t() @ x[g:g + group]
         ctx.save_for_backward(grad_x, grad_w)
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss):
         grad_x, grad_w = ctx.saved_tensors
-        return (grad_x * grad_loss).view(ctx.shape), (grad_w * grad_loss).to(ctx.weight_dtype), None, None
+        grad_w = (grad_w * grad_loss).to(ctx.weight_dtype)
+        return (grad_x * grad_loss).view(ctx.shape), grad_w, None, None
 
 
 # (tokens per chunk, tokens per group of chunks), by device type. On a CPU a chunk of 128 × 50304
-# logits stays in the last-level cache, and a float32 sum into the weight's gradient per 1024 tokens
-# rather than per 128 made the loss 1.5× faster at width 768 (bench/RESULTS.md). GPU: not yet measured.
+# logits stays in the last-level cache, and a float32 sum into the weight's gradient per 1024
+# tokens rather than per 128 made the loss 1.5× faster at width 768 (bench/RESULTS.md). GPU: not
+# yet measured.
 LOSS_CHUNK = {'cpu': (128, 1024), 'cuda': (4096, 4096)}
 
 
@@ -191,42 +190,6 @@ class GPT(nn.Module):
         # The loss without the (tokens × vocab) logits: see LMHeadLoss. No logits are returned.
         loss = LMHeadLoss.apply(x, self.lm_head.weight, targets, torch.is_grad_enabled())
         return None, loss if reduction == 'sum' else loss / (targets != -1).sum()
-
-    @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True,
-                 on_token=None):
-        # Appends max_new_tokens to idx (B, T). temperature 0 is greedy. on_token(tokens (B, 1))
-        # is called as each position is chosen, so callers can print as they come.
-        c = self.config
-        caches = None
-        for _ in range(max_new_tokens):
-            if use_cache and idx.size(1) <= c.block_size:
-                if caches is None:  # prefill: run the whole prompt once
-                    shape = (idx.size(0), c.n_head, c.block_size, c.n_embd // c.n_head)
-                    w = self.lm_head.weight
-                    caches = [dict(pos=0, k=torch.empty(shape, dtype=w.dtype, device=w.device),
-                                   v=torch.empty(shape, dtype=w.dtype, device=w.device))
-                              for _ in range(c.n_layer)]
-                    logits, _ = self(idx, caches=caches, last_only=True)
-                else:
-                    logits, _ = self(idx[:, -1:], caches=caches, last_only=True)
-            else:
-                # Past block_size the learned positions of every kept token shift, so the cached
-                # keys are stale: recompute the last block_size tokens, as without a cache.
-                logits, _ = self(idx[:, -c.block_size:], last_only=True)
-            logits = logits[:, -1, :]
-            if temperature == 0:
-                idx_next = logits.argmax(dim=-1, keepdim=True)
-            else:
-                logits = logits / temperature
-                if top_k is not None:
-                    v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-                    logits[logits < v[:, [-1]]] = -float('inf')
-                idx_next = torch.multinomial(F.softmax(logits.float(), dim=-1), num_samples=1)
-            idx = torch.cat((idx, idx_next), dim=1)
-            if on_token is not None:
-                on_token(idx_next)
-        return idx
 
 
 def make_optimizer(params, learning_rate=6e-4, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8):

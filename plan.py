@@ -94,11 +94,12 @@ def estimate(model_config, strategy, micro_batch, world_size, dtype='bfloat16', 
     part['grads'] += unsharded_grads
     a = activation_bytes(cfg, strategy, dtype)
     # The loss (model.LMHeadLoss) never holds the micro-batch's logits: one chunk of them at a time
-    # (compute dtype and float32) and the gradients of a group of chunks (compute dtype, and their
-    # concatenation) come and go in its forward; its backward scales the head's float32 gradient.
-    rows, group = LOSS_CHUNK.get(device, (1024, 1024))
+    # (compute dtype; float32, its log-softmax and autograd's gradient of it) and the gradients of
+    # a group of chunks (one buffer, compute dtype) come and go in its forward; its backward
+    # scales the head's float32 gradient.
+    rows, group = LOSS_CHUNK[device]  # (the planner's ranks are 'cuda' or 'cpu')
     tokens = b * s
-    logits = max(min(rows, tokens) * V * (4 + cb) + 2 * min(group, tokens) * V * cb, 4 * V * h)
+    logits = max(min(rows, tokens) * V * (cb + 12) + min(group, tokens) * V * cb, 4 * V * h)
     # Activations: what autograd saves, measured per sequence (saved_bytes). Per-block
     # checkpointing keeps each block's input and recomputes one block at a time in the backward,
     # after the loss's working set is gone.

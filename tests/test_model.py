@@ -10,6 +10,7 @@ import torch
 from hf import from_hf
 import model as model_module
 from model import GPT, GPTConfig
+from sample import generate
 
 
 def tiny(**kw):
@@ -25,8 +26,8 @@ def tiny(**kw):
 def test_kv_cache_greedy_same_tokens(new_tokens, bias):
     model = tiny(bias=bias)
     prompt = torch.randint(0, 97, (3, 5))
-    with_cache = model.generate(prompt, new_tokens, temperature=0, use_cache=True)
-    without = model.generate(prompt, new_tokens, temperature=0, use_cache=False)
+    with_cache = generate(model, prompt, new_tokens, temperature=0, use_cache=True)
+    without = generate(model, prompt, new_tokens, temperature=0, use_cache=False)
     assert with_cache.shape == (3, 5 + new_tokens)
     assert torch.equal(with_cache, without)
     assert len(set(with_cache[0, 5:].tolist())) > 1  # not a model stuck on one token
@@ -38,7 +39,7 @@ def test_kv_cache_top_k_sampling_same_tokens():
     out = []
     for use_cache in (True, False):
         torch.manual_seed(1234)
-        out.append(model.generate(prompt, 60, temperature=1.0, top_k=10, use_cache=use_cache))
+        out.append(generate(model, prompt, 60, temperature=1.0, top_k=10, use_cache=use_cache))
     assert torch.equal(out[0], out[1])
 
 
@@ -62,7 +63,7 @@ def test_kv_cache_logits_match_full_forward():
 def test_on_token_sees_every_new_token():
     model = tiny()
     seen = []
-    out = model.generate(torch.zeros(1, 3, dtype=torch.long), 10, temperature=0, on_token=seen.append)
+    out = generate(model, torch.zeros(1, 3, dtype=torch.long), 10, temperature=0, on_token=seen.append)
     assert torch.equal(torch.cat(seen, dim=1), out[:, 3:])
 
 
