@@ -276,7 +276,13 @@ def start_group(backend, rank, world_size, stall_timeout):
     dist.init_process_group(backend, store=store or dist.HashStore(), rank=rank,
                             world_size=world_size,
                             timeout=timedelta(seconds=5 * stall_timeout or 1800))
-    return Watchdog(store, rank, world_size, stall_timeout, limit_factor=4)
+    watchdog = Watchdog(store, rank, world_size, stall_timeout, limit_factor=4)
+    # On any exit, a one-line error included: the watchdog's thread and the group's own threads
+    # stopped before the interpreter tears down (left running, they can abort it at exit:
+    # "terminate called without an active exception").
+    atexit.register(lambda: watchdog.stop() or dist.is_initialized() and
+                    dist.destroy_process_group())
+    return watchdog
 
 
 # -----------------------------------------------------------------------------
