@@ -150,13 +150,15 @@ def damaged(path, e):
         f"or use another out_dir")
 
 
-def load_model(path):
+def load_model(path, trim_vocab=True):
     # The model of checkpoint path, built as hetgpt.json says, for sampling, export and tests.
-    # A vocab padded from GPT-2's 50257 to 50304 (faster matmuls) loses its extra rows: they are
-    # never targets, sampling can't pick an id the tokenizer can't decode, and HF gets its shape.
+    # A vocab padded from GPT-2's 50257 to 50304 (faster matmuls) loses its extra rows (unless
+    # trim_vocab=False, the checkpoint as saved): they are never targets, sampling can't pick an id
+    # the tokenizer can't decode, and HF gets its shape.
     try:
         args = read_meta(path)['model_args']
-        n_vocab = 50257 if args['vocab_size'] == 50304 else args['vocab_size']
+        trim = trim_vocab and args['vocab_size'] == 50304
+        n_vocab = 50257 if trim else args['vocab_size']
         model = GPT(config_from({**args, 'vocab_size': n_vocab}))
         sd = model.state_dict()
         del sd['lm_head.weight']  # tied to wte: loading one is loading both

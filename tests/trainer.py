@@ -52,7 +52,7 @@ def run_train(cwd, *args, nproc=1, check=True, timeout=600, env=None, faults=Fal
 
 
 def load_params(ckpt_dir):
-    return ckpt.load_model(ckpt_dir).state_dict()
+    return ckpt.load_model(ckpt_dir, trim_vocab=False).state_dict()  # as saved
 
 
 def max_rel_diff(a, b):
