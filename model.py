@@ -90,9 +90,9 @@ def chunk_loss(logits, targets):
 
 
 class LMHeadLoss(torch.autograd.Function):
-    # Sum of the token losses (chunk_loss) of the logits x @ weight.T, a chunk of tokens at a time:
-    # the micro-batch's logits (tokens × vocab, held again by float32 copies and gradients) never
-    # exist. Each chunk's logits become at once its share of the gradients of x and weight.
+    # Sum of the token losses (chunk_loss) of x @ weight.T without the micro-batch's logits: one
+    # group's logits at a time, each chunk of them replaced by its gradient (by autograd), giving
+    # the group's share of the gradients of x and weight; backward only scales them.
     kernel = staticmethod(chunk_loss)  # train.py compiles it (forward and autograd's backward)
 
     @staticmethod
@@ -106,19 +106,19 @@ class LMHeadLoss(torch.autograd.Function):
             x, weight = (t.to(torch.get_autocast_dtype(dev)) for t in (x, weight))
         rows, group = LOSS_CHUNK.get(dev, (1024, 1024))
         assert group % rows == 0, f"LOSS_CHUNK[{dev!r}]: group {group} not whole chunks of {rows}"
-        grads = x.new_empty(min(group, len(x)), len(weight)) if need_grad else None  # reused
-        for g in range(0, len(targets), group):  # the weight's gradient: one matmul per group
-            for i in range(g, min(g + group, len(targets)), rows):
-                logits = (x[i:i + rows] @ weight.t()).requires_grad_(need_grad)
+        logits = x.new_empty(min(group, len(x)), len(weight))  # one group's at a time
+        for g in range(0, len(x), group):
+            group_logits = torch.mm(x[g:g + group], weight.t(), out=logits[:len(x) - g])
+            for i in range(0, len(group_logits), rows):
+                chunk = group_logits[i:i + rows].requires_grad_(need_grad)
                 with torch.enable_grad():  # forward runs without autograd; the loss needs it
-                    chunk_sum = LMHeadLoss.kernel(logits, targets[i:i + rows])
+                    chunk_sum = LMHeadLoss.kernel(chunk, targets[g + i:g + i + rows])
                 loss += chunk_sum
-                if need_grad:  # d chunk_sum / d logits, into the chunk's rows of the group's
-                    grad = grads[i - g:i - g + len(logits)]
-                    grad.copy_(torch.autograd.grad(chunk_sum, logits)[0])
-                    grad_x[i:i + rows] = grad @ weight
+                if need_grad:  # the chunk's logits give way to their gradient
+                    chunk.copy_(torch.autograd.grad(chunk_sum, chunk)[0])
             if need_grad:
-                grad_w += grads[:len(x) - g].t() @ x[g:g + group]
+                grad_x[g:g + group] = group_logits @ weight
+                grad_w += group_logits.t() @ x[g:g + group]
         ctx.save_for_backward(grad_x, grad_w)
         return loss
 
@@ -129,11 +129,12 @@ class LMHeadLoss(torch.autograd.Function):
         return (grad_x * grad_loss).view(ctx.shape), grad_w, None, None
 
 
-# (tokens per chunk, tokens per group of chunks), by device type. On a CPU a chunk of 128 × 50304
-# logits stays in the last-level cache, and a float32 sum into the weight's gradient per 1024
-# tokens rather than per 128 made the loss 1.5× faster at width 768 (bench/RESULTS.md). GPU: not
-# yet measured.
-LOSS_CHUNK = {'cpu': (128, 1024), 'cuda': (4096, 4096)}
+# (tokens per chunk, tokens per group of chunks), by device type. Per group the logits and the
+# gradients of x and weight are a matmul each (the weight's float32 sum per 1024 tokens, not per
+# 128, made the loss 1.5× faster at width 768); per chunk autograd's float32 buffers come and go,
+# and on a CPU glibc reuses those of 64 tokens without growing its heap (128: up to 37% more peak
+# RSS, bench/RESULTS.md). GPU: not yet measured.
+LOSS_CHUNK = {'cpu': (64, 1024), 'cuda': (4096, 4096)}
 
 
 class GPT(nn.Module):
