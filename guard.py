@@ -5,8 +5,10 @@ atomically, appended without ever stopping training), the checks of a token file
 stop a run at a checkpoint, and the watchdog that ends a job whose ranks stopped answering.
 """
 import atexit
+import functools
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -14,6 +16,7 @@ import sys
 import threading
 import time
 
+from collections import Counter
 from datetime import timedelta
 
 import numpy as np
@@ -263,26 +266,63 @@ class BadSteps:
 
 
 # -----------------------------------------------------------------------------
+# Membership. A rank's machine is its host and torchrun agent (one per machine; under elastic
+# runs a machine leaves or joins as its agent does): a checkpoint records them, a resume says
+# who left and who joined since.
+def machine():
+    return f"{socket.gethostname()}/{os.getppid()}" if 'TORCHELASTIC_RUN_ID' in os.environ \
+        else socket.gethostname()
+
+
+def membership(was, now):
+    if not (isinstance(was, list) and all(isinstance(m, str) for m in was)):
+        return ''  # (a checkpoint from before this was recorded, or a damaged list)
+    left, joined = Counter(was) - Counter(now), Counter(now) - Counter(was)
+    if not left and not joined:
+        return ''
+    name = lambda c: ', '.join(f"{m} ({n} rank{'s' * (n > 1)})" for m, n in c.items())
+    return (f"; {len(was)} rank(s) then, {len(now)} now" + (f"; left: {name(left)}" * bool(left))
+            + (f"; joined: {name(joined)}" * bool(joined)))
+
+
+# -----------------------------------------------------------------------------
 # The process group. Every run has one, one rank or many, so that train.py has one path.
 def start_group(backend, rank, world_size, stall_timeout):
     store = None
     if world_size > 1:
-        # torchrun's store outlives a restart of the group: without a prefix per attempt the new
-        # ranks can read the dead ones' addresses and fail to connect.
+        # torchrun's own store (its default) outlives a restart of the group: without a prefix per
+        # attempt the new ranks can read the dead ones' addresses and fail to connect. With
+        # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (elastic runs, README) rank 0 hosts a new store
+        # each round, and agents that joined at different times count their restarts apart.
         store, _, _ = next(dist.rendezvous('env://'))
-        attempt = os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)
+        shared = os.environ.get('TORCHELASTIC_USE_AGENT_STORE') == 'True'
+        attempt = os.environ.get('TORCHELASTIC_RESTART_COUNT', 0) if shared else 'new'
         store = dist.PrefixStore(f"attempt_{attempt}", store)
     # A silent rank is found by the watchdog; the group's own timeout only backs it up.
     dist.init_process_group(backend, store=store or dist.HashStore(), rank=rank,
                             world_size=world_size,
                             timeout=timedelta(seconds=5 * stall_timeout or 1800))
     watchdog = Watchdog(store, rank, world_size, stall_timeout, limit_factor=4)
+    if world_size > 1:
+        sys.excepthook = functools.partial(_lost_peer, sys.excepthook, rank)
     # On any exit, a one-line error included: the watchdog's thread and the group's own threads
     # stopped before the interpreter tears down (left running, they can abort it at exit:
     # "terminate called without an active exception").
     atexit.register(lambda: watchdog.stop() or dist.is_initialized() and
                     dist.destroy_process_group())
     return watchdog
+
+
+def _lost_peer(default, rank, kind, e, tb):
+    # A rank whose peer died (its machine gone, killed, out of memory) fails in the collective it
+    # was in: one line for that, not a traceback from the middle of the backward
+    text = str(e)
+    if isinstance(e, dist.DistError) or re.search(r'(closed|reset) by peer', text):
+        print(f"error: rank {rank}: a collective failed, another rank is probably gone "
+              f"({text.splitlines()[0][:200]}); torchrun --max-restarts resumes from the last "
+              f"checkpoint, or use init_from=resume", file=sys.stderr, flush=True)
+    else:
+        default(kind, e, tb)
 
 
 # -----------------------------------------------------------------------------

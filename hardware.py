@@ -2,6 +2,9 @@
 hardware.py: what the devices are. A table of NVIDIA GPUs (memory, dense TFLOPS by dtype, memory
 and link bandwidths), the name torch reports mapped to it, and what a running rank has.
 """
+import math
+import os
+import re
 import resource
 import shutil
 
@@ -102,7 +105,39 @@ def host_memory_available():
 
 
 def peak_rss():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    # The host's peak RSS of this process: since reset_peak_rss where Linux allows it, else ever.
+    try:
+        with open('/proc/self/status') as f:
+            return int(re.search(r'VmHWM:\s+(\d+) kB', f.read()).group(1)) * 1024
+    except (OSError, AttributeError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def reset_peak_rss():
+    # Linux (since 4.0) resets a process's peak RSS to its current RSS; True if it did
+    try:
+        with open('/proc/self/clear_refs', 'w') as f:
+            f.write('5')
+        return True
+    except OSError:
+        return False
+
+
+def stated_memory(local_rank):
+    # HETGPT_MEM_GIB: the most memory a rank may take, in GiB, its CUDA context included (a GPU
+    # shared with another job; tests make CPU ranks differ with it): one number for every rank of
+    # this machine, or one per local rank ('20,80'). Unset: the whole device (a CPU rank: its share
+    # of the host's).
+    text = os.environ.get('HETGPT_MEM_GIB', '')
+    if not text:
+        return None
+    try:
+        gib = [float(x) for x in text.split(',')]
+        assert all(0 < x < math.inf for x in gib) and (len(gib) == 1 or len(gib) > local_rank)
+    except (ValueError, AssertionError):
+        die(f"HETGPT_MEM_GIB={text}: give GiB > 0, one number or one per local rank (this is "
+            f"local rank {local_rank})")
+    return int(gib[local_rank if len(gib) > 1 else 0] * 2**30)
 
 
 def peak_memory(device_type):
@@ -119,18 +154,24 @@ def peak_memory(device_type):
 BACKENDS = {'cuda': 'cpu:gloo,cuda:nccl', 'cpu': 'gloo'}
 
 
-def this_rank(device_type, rank, local_world):
-    # What this rank has, for make_plan: its device and memory, and its node's host memory. A GPU
-    # rank calls it after its first collective on the device: the memory in use then but not in
-    # PyTorch's allocator (CUDA context, NCCL's buffers, other processes) is its measured overhead.
+def this_rank(device_type, rank, local_world, stated=None):
+    # What this rank has, for make_plan: its device and memory (stated: no more than this), and its
+    # node's host memory. A GPU rank calls it after its first collective on the device: the memory
+    # in use then but not in PyTorch's allocator (CUDA context, NCCL's buffers, other processes) is
+    # its measured overhead.
     host = host_memory_available()
     if device_type != 'cuda':
         return dict(device='cpu', node=rank // local_world, host_mem=host, gpu=None,
-                    mem=host // local_world, overhead=None)
+                    mem=stated or host // local_world, overhead=None)
     free, total = torch.cuda.mem_get_info()
+    if stated and stated > total:
+        die(f"HETGPT_MEM_GIB states {stated / 2**30:.1f} GiB for rank {rank}, whose GPU has "
+            f"{total / 2**30:.1f} GiB: state at most that")
+    # (Stated, the memory in use now may be the other job's: the planner's estimate of this
+    # rank's own overhead then counts against what it may use.)
     return dict(device='cuda', node=rank // local_world, host_mem=host,
-                gpu=gpu_key(torch.cuda.get_device_name()), mem=total,
-                overhead=total - free - torch.cuda.memory_reserved())
+                gpu=gpu_key(torch.cuda.get_device_name()), mem=stated or total,
+                overhead=None if stated else total - free - torch.cuda.memory_reserved())
 
 
 def resolve(device, dtype, compile, local_rank):

@@ -172,6 +172,12 @@ class Plan:
     def accum(self):
         return [len(m) for m in self.micro_batches]
 
+    def room(self, r):
+        # Bytes rank r's probe step may peak at, as its allocator counts (a GPU's CUDA context and
+        # NCCL buffers are outside it) or its host's RSS does (all of the process)
+        x = self.ranks[r]
+        return x['mem'] * x['fraction'] - (x['overhead'] if x['device'] == 'cuda' else 0)
+
     def table(self, measured=None):
         g = lambda x: '-' if x is None else f"{x / GiB:.1f}"
         parts = ('params', 'grads', 'optim', 'activations', 'other', 'total')

@@ -163,8 +163,9 @@ if model_args.block_size < block_size:
     die(f"block_size={block_size} exceeds the model's {model_args.block_size}")
 if device_type == 'cuda':  # NCCL makes its buffers at its first collective: this_rank measures them
     dist.all_reduce(torch.zeros(1, device=device))
-me = hardware.this_rank(device_type, rank, local_world)  # device, memory, overhead, node, host
+me = hardware.this_rank(device_type, rank, local_world, hardware.stated_memory(local_rank))
 ranks = gather(me)
+machines = gather(guard.machine())  # who is in the run (torchrun's elastic agents come and go)
 run_plan = planner.make_plan(
     model_args, batch_size, ranks, plan=plan, micro_batch_size=micro_batch_size,
     memory_fraction=memory_fraction, dtype=dtype, weights=weights,
@@ -180,7 +181,8 @@ if not init_from.startswith('gpt2'):
         raw_model = GPT(model_args)
 # In this order: activation checkpointing, then compile, then FSDP/DDP wrapping (compile sees the
 # checkpointed blocks; FSDP wraps the compiled ones; torchtitan's order).
-if run_plan.checkpoint[rank]:
+recomputes = run_plan.checkpoint[rank]  # this rank's backward runs its forward again
+if recomputes:
     for block in raw_model.transformer.h:
         block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
 if compile:
@@ -229,10 +231,23 @@ def get_lr(it):
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
 
 
-def clock(sync):  # seconds; with sync, after the GPU's queued work has finished
-    if sync and device_type == 'cuda':
-        torch.cuda.synchronize()
-    return time.perf_counter()
+def stamp():  # now, in this rank's work: by the host's clock, or (CUDA) an event on the GPU
+    if device_type == 'cpu':
+        return time.perf_counter()
+    return torch.cuda.current_stream().record_event(torch.cuda.Event(enable_timing=True))
+
+
+def seconds(a, b):  # from stamp a to stamp b (CUDA: b.synchronize() waits for b, returns None)
+    return b - a if device_type == 'cpu' else b.synchronize() or a.elapsed_time(b) / 1000
+
+
+# FSDP's pre-hook on a module waits for the all-gather of its weights, so for the slowest rank: in
+# a timed forward (its start in `stamps`) hooks just before and after it stamp the wait (eagerly).
+stamps = []
+stamp_wait = torch.compiler.disable(lambda module, args: stamps.append(stamp()) if stamps else None)
+for m in fsdp_modules:  # (FSDP's pre-hook was prepended: the one prepended now runs before it)
+    m.register_forward_pre_hook(stamp_wait, prepend=True)
+    m.register_forward_pre_hook(stamp_wait)
 
 
 def forward(split, offsets, weight):
@@ -248,32 +263,33 @@ def forward(split, offsets, weight):
 def forward_backward(offsets, sizes, weight, reduce=True, timed=False):
     # This rank's micro-batches. DDP reduces gradients after the last one; FSDP after each one when
     # the plan says so (sharded gradients; unsharded accumulation costs memory, saves
-    # communication). Returns the token-loss sum and this rank's compute time; timed, the last
-    # backward, which also waits for the reduction, counts as twice its forward.
+    # communication). Returns the token-loss sum and, timed, this rank's compute seconds: 3 (4 when
+    # it checkpoints) × its forwards' work less FSDP's waits, as a backward may wait for others.
     loss_total, compute, done = torch.zeros((), device=device), 0.0, 0
     for i, size in enumerate(sizes):
         reduce_now = reduce and (reduce_every_micro_batch or i == len(sizes) - 1)
         for m in fsdp_modules:
             m.set_requires_gradient_sync(reduce_now)
         with model.no_sync() if isinstance(model, DDP) and not reduce_now else nullcontext():
-            t0 = clock(timed)
+            stamps[:] = [stamp()] if timed else []  # (not empty: FSDP's waits are stamped)
             loss, loss_sum = forward('train', offsets[done:done + size], weight)
-            t1 = clock(timed)
+            marks, stamps[:] = (stamps + [stamp()] if timed else []), []
             scaler.scale(loss).backward()
-            compute += 3 * (t1 - t0) if reduce_now and i == len(sizes) - 1 else clock(timed) - t0
+        compute += (3 + recomputes) * sum(map(seconds, marks[::2], marks[1::2]))
         loss_total += loss_sum.float()
         done += size
     return loss_total, compute
 
 
-def probe_step(n):
+def probe_step(n, room):
     # One forward+backward of n sequences and one optimizer step with lr 0 (it allocates the
     # optimizer state and leaves the weights as they are): this rank's peak bytes, or None when out
-    # of memory or (on a GPU) over budget. (A host's peak RSS is a lifetime mark: never "over".)
+    # of memory or above room. (A host whose peak RSS cannot be reset is never above.)
     cuda = device_type == 'cuda'
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+    resets = cuda or hardware.reset_peak_rss()
     try:
         forward_backward(batch_offsets('train', -1, n), [n], 0.0, reduce=False)
         for group in optimizer.param_groups:
@@ -281,7 +297,7 @@ def probe_step(n):
         optimizer.step()
         peak = dict(total=torch.cuda.max_memory_reserved() if cuda else hardware.peak_rss(),
                     alloc=torch.cuda.max_memory_allocated() if cuda else None)
-        if cuda and peak['total'] + me['overhead'] > memory_fraction * me['mem']:
+        if resets and peak['total'] > room:
             peak = None
     except torch.cuda.OutOfMemoryError:
         peak = None
@@ -290,10 +306,8 @@ def probe_step(n):
     return peak
 
 
-def measure_speed(cap):
-    # This rank's c0 + c1·n seconds for a micro-batch of n (balance.py): forward+backward without
-    # gradient sync at two sizes after a warm-up
-    sizes = (max(1, cap // 2), max(1, cap // 2), cap)
+def measure_speed(cap):  # this rank's c0 + c1·n seconds for a micro-batch of n (balance.fit)
+    sizes = (max(1, cap // 2), max(1, cap // 2), cap)  # a warm-up, then two sizes
     offsets = batch_offsets('train', -1, cap)
     t = [forward_backward(offsets, [b], 0.0, reduce=False, timed=True)[1] for b in sizes]
     optimizer.zero_grad(set_to_none=True)
@@ -304,7 +318,7 @@ def measure_speed(cap):
 # those that failed, and all probe again. Then, by speed, the split the first step runs.
 caps = run_plan.micro_batch
 while True:
-    probed = probe_step(caps[rank])
+    probed = probe_step(caps[rank], run_plan.room(rank))
     measured = gather(probed)
     if all(measured):
         break
@@ -316,7 +330,8 @@ run_plan = planner.resplit(run_plan, caps, c0, c1)
 log(run_plan.table(measured))
 iter_num = ckpt.load(resume_from, model, optimizer, model_args) if resume_from else 0
 if resume_from:
-    log(f"resumed from {resume_from} at iter {iter_num}")
+    was = ckpt.read_meta(resume_from).get('machines')
+    log(f"resumed from {resume_from} at iter {iter_num}{guard.membership(was, machines)}")
 # rank 0's record: first the plan against the probe step (for bench/ and for the record)
 record = guard.Metrics(out_dir, iter_num, {
     'iter': iter_num, 'plan': run_plan.strategy, 'ac': run_plan.checkpoint[0],
@@ -390,7 +405,7 @@ while iter_num < max_iters:
     # Per-rank compute time: on CPU always; on CUDA (it synchronises) just before a rebalance
     timed = world_size > 1 and (device_type == 'cpu'
                                 or iter_num % rebalance_interval >= rebalance_interval - 5)
-    t_step = clock(timed)
+    t_step = stamp() if timed else None
     # loss = sum of token losses / tokens of the whole batch; × world_size undoes DDP's and FSDP's
     # averaging over ranks, so the reduced gradient is that of the whole batch.
     ran = sizes[rank]  # (the sizes may be rebalanced below)
@@ -411,7 +426,7 @@ while iter_num < max_iters:
     iter_num += 1
     steps_since += 1
     if timed:
-        busy = 0.7 * busy + 0.3 * torch.tensor([compute, clock(True) - t_step], dtype=torch.float64)
+        busy = 0.7 * busy + 0.3 * busy.new_tensor([compute, seconds(t_step, stamp())])
     if c0 is not None and iter_num % rebalance_interval == 0:  # refit to recent compute times
         new, c1 = rebalance(sizes, caps, c0, c1, gather(float(busy[0])), run_plan.shard)
         if new != sizes:
@@ -445,7 +460,8 @@ while iter_num < max_iters:
     if due or stop:
         watchdog.progress(limit_factor=4)
         ckpt.save(out_dir, iter_num, model, optimizer,
-                  {'model_args': vars(model_args), 'config': config}, keep_last)
+                  {'model_args': vars(model_args), 'config': config, 'machines': machines},
+                  keep_last)
     if stop:
         log(f"iter {iter_num}: stopped by a signal; checkpoint saved, init_from=resume continues")
         break

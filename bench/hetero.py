@@ -5,11 +5,13 @@ running throughout:
   ideal  = speed of a 1-process run pinned to core 0 + speed of one pinned to core 1 (run side by
            side, so both cores are busy as in the 2-rank run)
   even   = 2-rank run, balance=even       (expected about 2·min/sum of ideal)
-  auto   = 2-rank run, balance=auto, rebalance_interval small (aim: >= 0.90 of ideal)
-Speeds are tokens/s from metrics.jsonl, the median of the log rows after the warm-up steps.
+  auto   = 2-rank run, balance=auto, rebalance_interval small (aim: >= 0.95 of ideal)
+each 2-rank run under DDP and under FSDP (--plans; one row each, against the same ideal). Speeds are
+tokens/s from metrics.jsonl, the median of the log rows after the warm-up steps; "idle" is each
+rank's mean idle fraction over those rows as train.py logs it (1 - its compute time / step time).
 
-  python bench/hetero.py                 # 2 rounds of 60 steps: ~5 min on 2 cores
-  python bench/hetero.py --rounds=1 --nice=0 --keep
+  python bench/hetero.py                 # 2 rounds of 60 steps: ~6 min on 2 cores (batch 64: ~9)
+  python bench/hetero.py --rounds=1 --nice=0 --keep --plans=fsdp
 
 On a machine that others use, their processes skew every figure (the scheduler even moves them to
 core 0, making the cores alike): the bench reports their share of the cores per phase ("foreign
@@ -42,6 +44,7 @@ p.add_argument('--warmup', type=int, default=15, help='log rows at iter <= this 
 p.add_argument('--rounds', type=int, default=2,
                help='repeat solo/even/auto this many times, the order reversed every other round')
 p.add_argument('--batch_size', type=int, default=32)
+p.add_argument('--plans', default='ddp,fsdp', help='the strategies of the 2-rank runs (train.py plan=)')
 p.add_argument('--rebalance_interval', type=int, default=10)
 p.add_argument('--log_interval', type=int, default=5)
 p.add_argument('--train', default=os.path.join(ROOT, 'train.py'), help='the train.py to run')
@@ -198,24 +201,27 @@ def solo_pair(work, tag):
     return s0, s1, n0, n1
 
 
-def two_ranks(work, tag, balance, train=None):
+def two_ranks(work, tag, plan, balance, train=None):
     env = dict(BASE_ENV, WORLD_SIZE='2', LOCAL_WORLD_SIZE='2', MASTER_ADDR='127.0.0.1', MASTER_PORT=str(free_port()))
-    extra = [f'--max_iters={args.steps}', f'--balance={balance}', f'--rebalance_interval={args.rebalance_interval}']
+    extra = [f'--max_iters={args.steps}', f'--plan={plan}', f'--balance={balance}',
+             f'--rebalance_interval={args.rebalance_interval}']
     procs, out = [], None
     for r in (0, 1):
-        pr, o = start_train(work, f"{tag}_{balance}{'_alt' if train else ''}", r, extra,
+        pr, o = start_train(work, f"{tag}_{plan}_{balance}{'_alt' if train else ''}", r, extra,
                             dict(env, RANK=str(r), LOCAL_RANK=str(r)), train)
         procs.append(pr)
         out = out or o
-    wait_all(procs, time.time() + args.timeout, f'2-rank run balance={balance}')
+    wait_all(procs, time.time() + args.timeout, f'2-rank run plan={plan} balance={balance}')
     log = open(os.path.join(out, 'rank0.log')).read()
     first = re.search(r'shares (\[[\d, ]+\])', log)
     rebalances = re.findall(r'iter (\d+): rebalanced (\[[\d, ]+\]) -> (\[[\d, ]+\])', log)
-    idle = re.findall(r'^  (rank 0: .*)$', log, re.M)
+    ranks = re.findall(r'^iter (\d+): loss .*\n  (rank 0: .*)$', log, re.M)
+    idle = [[int(x) for x in re.findall(r'idle (\d+)%', line)] for i, line in ranks if int(i) > args.warmup]
     s, n = speed(out)
     return dict(tps=s, rows=n, start=first.group(1) if first else '?',
                 final=rebalances[-1][2] if rebalances else (first.group(1) if first else '?'),
-                rebalances=[f"@{i}: {a}->{b}" for i, a, b in rebalances], idle=idle[-1] if idle else '')
+                rebalances=[f"@{i}: {a}->{b}" for i, a, b in rebalances], last=ranks[-1][1] if ranks else '',
+                idle='/'.join(f"{statistics.mean(x):.0f}%" for x in zip(*idle)) if idle else '?')
 
 
 NOISY = 0.05  # a round whose solo phase had more foreign load than this is left out of the median
@@ -242,9 +248,10 @@ try:
     print(f"work dir {WORK}; nice {args.nice}; hog pid {hog.pid} on core 1; {args.steps} steps per run, rows after iter "
           f"{args.warmup}, batch {args.batch_size} x 128 tokens, rebalance_interval {args.rebalance_interval}",
           file=sys.stderr)
+    plans = args.plans.split(',')
     results = []
     for rnd in range(args.rounds):
-        order = ['solo', 'even', 'auto'] + (['alt'] if args.compare else [])
+        order = ['solo'] + [f'{plan} {b}' for plan in plans for b in ['even', 'auto'] + (['alt'] if args.compare else [])]
         order = order if rnd % 2 == 0 else order[::-1]
         res = {}
         for what in order:
@@ -252,51 +259,61 @@ try:
             with Foreign() as fg:
                 if what == 'solo':
                     res['s0'], res['s1'], n0, n1 = solo_pair(WORK, f'r{rnd}')
-                elif what == 'alt':
-                    res[what] = two_ranks(WORK, f'r{rnd}', 'auto', args.compare)
                 else:
-                    res[what] = two_ranks(WORK, f'r{rnd}', what)
-            res[f'{what}_foreign'] = fg.share
+                    plan, balance = what.split()
+                    res[what] = two_ranks(WORK, f'r{rnd}', plan, 'auto' if balance == 'alt' else balance,
+                                          args.compare if balance == 'alt' else None)
+            res[f'{what} foreign'] = fg.share
             if what == 'solo':
                 print(f"round {rnd}: solo core0 {fmt(res['s0'])} tok/s ({n0} rows), core1+hog {fmt(res['s1'])} "
                       f"tok/s ({n1} rows)", end='', file=sys.stderr)
             else:
-                print(f"round {rnd}: {what:4s} {fmt(res[what]['tps'])} tok/s ({res[what]['rows']} rows), shares "
-                      f"{res[what]['start']} -> {res[what]['final']}  {res[what]['idle']}", end='', file=sys.stderr)
+                print(f"round {rnd}: {what:9s} {fmt(res[what]['tps'])} tok/s ({res[what]['rows']} rows), shares "
+                      f"{res[what]['start']} -> {res[what]['final']}, idle {res[what]['idle']}", end='', file=sys.stderr)
             print(f"  [{time.time() - t0:.0f}s, foreign load {fg.share:.0%} of the 2 cores]", file=sys.stderr)
         results.append(res)
 
-    print(f"\n{args.rounds} round(s) in {time.time() - t_start:.0f}s, nice {args.nice}; tokens/s, median of log rows after iter "
-          f"{args.warmup} of {args.steps}")
-    print("| round | core 0 alone | core 1 + hog alone | ideal (sum) | even | auto | even/ideal | 2·min/sum | "
-          "auto/ideal | auto shares (start -> end) | rebalances | foreign load solo/even/auto |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print(f"\n{args.rounds} round(s) in {time.time() - t_start:.0f}s, nice {args.nice}; batch {args.batch_size}; tokens/s, "
+          f"median of log rows after iter {args.warmup} of {args.steps}; idle: rank 0/rank 1, mean over those rows")
+    print("| round | plan | core 0 alone | core 1 + hog alone | ideal (sum) | even | auto | even/ideal | 2·min/sum | "
+          "auto/ideal | auto shares (start -> end) | rebalances | idle even / auto | foreign load solo/even/auto |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for rnd, r in enumerate(results):
         ideal = r['s0'] + r['s1']
-        print(f"| {rnd}{'' if r['solo_foreign'] <= NOISY else ' (noisy solo)'} | {fmt(r['s0'])} | {fmt(r['s1'])} | {fmt(ideal)} | {fmt(r['even']['tps'])} | "
-              f"{fmt(r['auto']['tps'])} | {r['even']['tps'] / ideal:.3f} | {2 * min(r['s0'], r['s1']) / ideal:.3f} | "
-              f"**{r['auto']['tps'] / ideal:.3f}** | {r['auto']['start']} -> {r['auto']['final']} | "
-              f"{', '.join(r['auto']['rebalances']) or 'none'} | "
-              f"{r['solo_foreign']:.0%}/{r['even_foreign']:.0%}/{r['auto_foreign']:.0%} |")
-    clean = [r for r in results if r['solo_foreign'] <= NOISY]
+        for plan in plans:
+            even, auto = r[f'{plan} even'], r[f'{plan} auto']
+            print(f"| {rnd}{'' if r['solo foreign'] <= NOISY else ' (noisy solo)'} | {plan} | {fmt(r['s0'])} | {fmt(r['s1'])} | "
+                  f"{fmt(ideal)} | {fmt(even['tps'])} | {fmt(auto['tps'])} | {even['tps'] / ideal:.3f} | "
+                  f"{2 * min(r['s0'], r['s1']) / ideal:.3f} | **{auto['tps'] / ideal:.3f}** | {auto['start']} -> {auto['final']} | "
+                  f"{', '.join(auto['rebalances']) or 'none'} | {even['idle']} / {auto['idle']} | "
+                  f"{r['solo foreign']:.0%}/{r[f'{plan} even foreign']:.0%}/{r[f'{plan} auto foreign']:.0%} |")
+    clean = [r for r in results if r['solo foreign'] <= NOISY]
     if len(results) > 1 and clean:
         med = lambda f: statistics.median(f(r) for r in clean)  # noqa: E731
-        print(f"| median{'' if len(clean) == len(results) else f' of the {len(clean)} clean'} | {fmt(med(lambda r: r['s0']))} | {fmt(med(lambda r: r['s1']))} | "
-              f"{fmt(med(lambda r: r['s0'] + r['s1']))} | {fmt(med(lambda r: r['even']['tps']))} | "
-              f"{fmt(med(lambda r: r['auto']['tps']))} | {med(lambda r: r['even']['tps'] / (r['s0'] + r['s1'])):.3f} | "
-              f"{med(lambda r: 2 * min(r['s0'], r['s1']) / (r['s0'] + r['s1'])):.3f} | "
-              f"**{med(lambda r: r['auto']['tps'] / (r['s0'] + r['s1'])):.3f}** | | | |")
+        for plan in plans:
+            e, a = f'{plan} even', f'{plan} auto'
+            print(f"| median{'' if len(clean) == len(results) else f' of the {len(clean)} clean'} | {plan} | "
+                  f"{fmt(med(lambda r: r['s0']))} | {fmt(med(lambda r: r['s1']))} | "
+                  f"{fmt(med(lambda r: r['s0'] + r['s1']))} | {fmt(med(lambda r: r[e]['tps']))} | "
+                  f"{fmt(med(lambda r: r[a]['tps']))} | {med(lambda r: r[e]['tps'] / (r['s0'] + r['s1'])):.3f} | "
+                  f"{med(lambda r: 2 * min(r['s0'], r['s1']) / (r['s0'] + r['s1'])):.3f} | "
+                  f"**{med(lambda r: r[a]['tps'] / (r['s0'] + r['s1'])):.3f}** | | | | |")
     if args.compare:
         print(f"\nalt: balance=auto with {args.compare}")
         for rnd, r in enumerate(results):
             ideal = r['s0'] + r['s1']
-            print(f"round {rnd}: alt {fmt(r['alt']['tps'])} tok/s, alt/ideal {r['alt']['tps'] / ideal:.3f} "
-                  f"(auto/ideal {r['auto']['tps'] / ideal:.3f}), shares {r['alt']['start']} -> {r['alt']['final']}, "
-                  f"rebalances {', '.join(r['alt']['rebalances']) or 'none'}, foreign load {r['alt_foreign']:.0%}")
+            for plan in plans:
+                alt, auto = r[f'{plan} alt'], r[f'{plan} auto']
+                print(f"round {rnd} {plan}: alt {fmt(alt['tps'])} tok/s, alt/ideal {alt['tps'] / ideal:.3f} "
+                      f"(auto/ideal {auto['tps'] / ideal:.3f}), shares {alt['start']} -> {alt['final']}, "
+                      f"rebalances {', '.join(alt['rebalances']) or 'none'}, idle {alt['idle']}, "
+                      f"foreign load {r[f'{plan} alt foreign']:.0%}")
     print("\nforeign load: busy time of cores 0-1 not spent in the processes of this bench (other people's work; "
           "in the 2-rank phases also the kernel's loopback traffic, and others using the time a rank waits), "
           "as a share of both cores during that phase; in the solo phase above a few % the ratios are unreliable")
-    print(f"last log line, even: {results[-1]['even']['idle']}\nlast log line, auto: {results[-1]['auto']['idle']}")
+    for plan in plans:
+        for b in ('even', 'auto'):
+            print(f"last log line, {plan} {b}: {results[-1][f'{plan} {b}']['last']}")
     ok = True
 finally:
     cleanup()

@@ -7,7 +7,10 @@ usage: python tests/fixture_run.py train.py [args...]; the faults come from envi
                               gloo in NCCL's place, serving only what NCCL serves (CUDA tensors): host
                               tensors then need a CPU backend of their own, as on a GPU host. A value
                               other than 1 is a backend string to try instead ('nccl': before the fix).
-  HETGPT_TEST_SLOW_RANK=1:0.05  rank 1's forward takes 0.05 s longer per sequence (a slower GPU)
+  HETGPT_TEST_SLOW_RANK=1:0.05  rank 1's forward takes 0.05 s longer per sequence (a slower GPU); '*:0.05':
+                              every rank's (a run slow enough to be interrupted at a chosen step)
+  HETGPT_TEST_HIDDEN_MEM=1:0.1  rank 1's forward also fills 0.1 GiB per sequence of host memory for a moment
+                              (memory the planner does not know of: the probe step finds it over budget)
 """
 import errno
 import os
@@ -55,7 +58,7 @@ if cuda_group:
         backend = {'nccl': 'cuda:nccl', 'gloo': 'cpu:gloo,cuda:gloo'}[backend]
     hardware.BACKENDS['cpu'] = backend.replace('nccl', 'gloo')
 slow_rank, _, delay = os.environ.get('HETGPT_TEST_SLOW_RANK', '').partition(':')
-if slow_rank == os.environ.get('RANK', '0'):
+if slow_rank in ('*', os.environ.get('RANK', '0')):
     import model
     real_forward = model.GPT.forward
 
@@ -63,4 +66,13 @@ if slow_rank == os.environ.get('RANK', '0'):
         time.sleep(float(delay) * idx.size(0))
         return real_forward(self, idx, *args, **kwargs)
     model.GPT.forward = slow_forward
+hidden_rank, _, gib = os.environ.get('HETGPT_TEST_HIDDEN_MEM', '').partition(':')
+if hidden_rank == os.environ.get('RANK', '0'):
+    import model
+    unhidden_forward = model.GPT.forward
+
+    def hungry_forward(self, idx, *args, **kwargs):
+        torch.ones(int(float(gib) * 2**30 / 4 * idx.size(0)))  # touched, so resident, then freed
+        return unhidden_forward(self, idx, *args, **kwargs)
+    model.GPT.forward = hungry_forward
 runpy.run_path(sys.argv[0], run_name='__main__')

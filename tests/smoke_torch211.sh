@@ -2,7 +2,8 @@
 # The GPU host has torch 2.11 (nothing can be installed there); requirements.txt pins 2.13. This
 # smoke runs the whole path once on torch 2.11, on CPU and offline: prepare a corpus, train 3 steps
 # on 2 gloo ranks under fsdp+offload with a checkpoint, resume it under ddp on 1 rank to step 5,
-# sample, export to transformers and load the export back. Any step that fails exits non-zero.
+# sample, export to transformers and load the export back; then torchrun's elastic agents, one
+# leaving and one joining. Any step that fails exits non-zero.
 #   bash tests/smoke_torch211.sh        (SMOKE_KEEP=1 keeps its temporary directory)
 # The index has no CPU build of 2.11: pip takes the CUDA one (~4.7 GB with nvidia-*, triton), which
 # runs on CPU. The venv .venv-torch211 is kept and reused while its marker matches SPEC.
@@ -128,6 +129,11 @@ with torch.no_grad():
 torch.testing.assert_close(theirs, ours, atol=1e-4, rtol=0)
 "
 echo "ok: export read back by safetensors and transformers, logits match"
+# (e) elastic agents: one machine leaves, another joins (the rendezvous of torch 2.11 itself)
+run "elastic: a machine leaves, another joins" elastic.log "$PY" "$ROOT/bench/elastic.py" \
+    --rdzv_conf=last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=3 --max_iters=120
+grep -q '^leave: ' elastic.log && grep -q '^join: ' elastic.log ||
+    fail "elastic: no leave and join timings in its output"
 
 echo "smoke_torch211: passed on torch $version in $(since "$T_START")s" \
      "(venv ${T_INSTALL}s, run $(since "$T_RUN")s)"

@@ -320,6 +320,26 @@ def test_cuda_overhead_is_measured_at_start_up(monkeypatch):
     assert measured >= default  # 0.7 GiB measured against the guessed 1 GiB: never a smaller cap
 
 
+def test_a_stated_memory_is_the_rank_s_budget_and_its_probe_room(monkeypatch):
+    # HETGPT_MEM_GIB=20,80 on a node of two H200s: local rank 0 plans with 20 GiB. What is in use
+    # on its GPU may be the other job's, so its own overhead is the planner's default (1 GiB), and
+    # the probe step's room is 90% of 20 GiB less it; a CPU rank's room is 90% of its memory (its
+    # RSS counts the whole process).
+    total = hardware.GPUS['H200']['mem']
+    monkeypatch.setattr(torch.cuda, 'mem_get_info', lambda *a: (total // 2, total))
+    monkeypatch.setattr(torch.cuda, 'memory_reserved', lambda *a: 0)
+    monkeypatch.setattr(torch.cuda, 'get_device_name', lambda *a: 'NVIDIA H200')
+    monkeypatch.setenv('HETGPT_MEM_GIB', '20,80')
+    tight, roomy = (hardware.this_rank('cuda', r, 2, hardware.stated_memory(r)) for r in (0, 1))
+    assert (tight['mem'], roomy['mem'], tight['overhead']) == (20 * GiB, 80 * GiB, None)
+    cpu = dict(device='cpu', mem=3 * GiB, node=1, host_mem=None)
+    cfg, _ = load('gpt_111m')
+    p = planner.make_plan(cfg, 64, [tight, roomy, cpu])
+    assert p.micro_batch[0] < p.micro_batch[1]
+    assert p.room(0) == 0.9 * 20 * GiB - GiB and p.room(1) == 0.9 * 80 * GiB - GiB
+    assert p.room(2) == 0.9 * 3 * GiB
+
+
 def test_predictions_within_25_percent_of_published_runs():
     # bench/published.py: torchtitan's Llama 3 8B on 8 H100 and llm.c's GPT-2 124M on 8 A100, each
     # planned with its shape, batch and strategy

@@ -1,0 +1,111 @@
+"""Ranks that differ in memory, and ranks that come and go (torchrun's elastic agents)."""
+import re
+import time
+
+import pytest
+
+from trainer import (TINY, latest_checkpoint, load_params, make_dataset, max_rel_diff, run_train)
+
+# Longer sequences than TINY's, so that activations, not the process, decide what fits in a few
+# hundred MiB: 6 layers × 64 wide × 1024 tokens, float32.
+WIDE = [a for a in TINY if not a.startswith(('--n_layer', '--n_embd', '--block_size'))] + [
+    '--n_layer=6', '--n_embd=64', '--block_size=1024', '--batch_size=8', '--max_iters=3',
+    '--eval_interval=100', '--eval_iters=1']
+TABLE = r'^\s*(\d+)\s+\d+\s+cpu\s+(\d+)\s+(\d+)×(\d+)\s+(yes|no)\s+pred'
+
+
+@pytest.fixture(scope='module')
+def work(tmp_path_factory):
+    root = tmp_path_factory.mktemp('membership')
+    make_dataset(root)
+    run_train(root, *WIDE, '--out_dir=one')
+    return root
+
+
+def plan_and_first_step(stdout):
+    # The plan table's rows: rank -> (share, micro-batch, count, checkpointing); and what each rank
+    # says it ran in the first step: rank -> micro-batch sizes
+    table = {int(m[1]): (int(m[2]), int(m[3]), int(m[4]), m[5] == 'yes')
+             for m in re.finditer(TABLE, stdout, re.M)}
+    first = stdout[stdout.index('iter 1: loss'):stdout.index('iter 2: loss')]
+    ran = {int(m[1]): [int(x) for x in m[2].split('+')]
+           for m in re.finditer(r'rank (\d+): \d+ seq in ([\d+]+)', first)}
+    return table, ran
+
+
+@pytest.mark.parametrize('case', ['planned', 'probed'])
+def test_ranks_of_different_stated_memory(work, case):
+    # planned: rank 1 may use 0.58 GiB (HETGPT_MEM_GIB, per local rank), rank 0 4 GiB. The planner
+    # (its CPU process alone counts 0.5 GiB) gives rank 1 a smaller micro-batch and activation
+    # checkpointing, rank 0 neither. probed: rank 1 has 1.2 GiB, and its forward holds 0.25 GiB
+    # per sequence that the planner does not know of, so the probe step finds it over budget and
+    # halves its micro-batch until it fits. Either way each rank runs what the table says, and
+    # the weights after 3 steps are those of one process. (balance=even: 4 sequences each, whatever
+    # the ranks' measured speeds.)
+    env = {'HETGPT_MEM_GIB': '4,0.58'} if case == 'planned' else {
+        'HETGPT_MEM_GIB': '4,1.2', 'HETGPT_TEST_HIDDEN_MEM': '1:0.25'}
+    p = run_train(work, *WIDE, f'--out_dir={case}', '--balance=even', nproc=2, faults=True, env=env)
+    table, ran = plan_and_first_step(p.stdout)
+    assert sorted(table) == sorted(ran) == [0, 1], p.stdout
+    for r in (0, 1):
+        share, micro, count, _ = table[r]
+        assert (share, micro, count) == (sum(ran[r]), max(ran[r]), len(ran[r])), p.stdout
+    assert table[1][1] < table[0][1], p.stdout  # the tight rank's micro-batch is smaller
+    if case == 'planned':
+        assert (table[0][3], table[1][3]) == (False, True), p.stdout  # and only it checkpoints
+        assert 'out of memory in the probe step' not in p.stdout
+    else:
+        caps = re.findall(r'out of memory in the probe step: micro-batches now \[(\d+), (\d+)\]',
+                          p.stdout)  # rank 1's halved, rank 0's left as planned
+        assert caps and len({c[0] for c in caps}) == 1 and table[1][1] <= int(caps[-1][1]) <= 2
+    one, two = load_params(latest_checkpoint(work / 'one')), load_params(latest_checkpoint(work / case))
+    assert max_rel_diff(two, one) < 1e-5
+
+
+def test_a_machine_leaves_then_another_joins_and_the_run_is_the_same_run(tmp_path):
+    # Two torchrun agents (one rank each) train; one is killed, agent and worker, at a random moment
+    # after the first checkpoint; the other restarts its worker, which re-plans for one rank and
+    # resumes from the last checkpoint; a third agent then joins, both restart and resume from the
+    # checkpoint the survivor wrote as it stopped, and the run ends at max_iters. Every loss
+    # logged, steps redone included, is the loss an uninterrupted 1-process run logged at that step.
+    import numpy as np
+    from elastic_run import leave_and_join
+    make_dataset(tmp_path)
+    args = TINY + ['--batch_size=4', '--max_iters=40', '--eval_interval=100', '--checkpoint_interval=4',
+                   '--keep_last=2', '--init_from=auto', '--stall_timeout=60']
+    straight = run_train(tmp_path, *args, '--out_dir=straight').stdout
+    seed = int(time.time())
+    kill_after = np.random.default_rng(seed).uniform(0.0, 2.0)
+    # every forward 0.1 s longer per sequence, so that the run lasts long enough to be interrupted
+    (a, b, c), events = leave_and_join(
+        tmp_path, 'elastic', args + ['--out_dir=elastic'], kill_after,
+        rdzv_conf='last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=3',
+        env={'HETGPT_TEST_SLOW_RANK': '*:0.1'})
+    log = '\n'.join(agent.text() for agent in (a, b, c))
+    why = f"(seed {seed}, killed {kill_after:.2f} s after the first checkpoint)\n{log}"
+    expected = {int(k): float(v) for k, v in re.findall(r'iter (\d+): loss ([\d.]+)', straight)}
+    logged = [(int(k), float(v)) for k, v in re.findall(r'iter (\d+): loss ([\d.]+)', log)]
+    assert {k for k, _ in logged} == set(expected), why  # every step logged, some twice
+    assert all(abs(v - expected[k]) <= 1e-5 * expected[k] for k, v in logged), why
+    # who left, then who joined, each time from the newest checkpoint: after the kill, one at or
+    # after the step the killed machine was in; after the join, the one written on the way out
+    resumes = re.findall(r'resumed from \S+ckpt_(\d+) at iter (\d+); (.*)', log)
+    assert len(resumes) == 2 and resumes[0][2].startswith('2 rank(s) then, 1 now; left: '), why
+    assert resumes[1][2].startswith('1 rank(s) then, 2 now; joined: '), why
+    stopped = re.findall(r'iter (\d+): stopped by a signal; checkpoint saved', a.text())
+    assert stopped and int(stopped[-1]) == int(resumes[1][0]), why
+    assert int(resumes[0][0]) >= events['newest_at_leave'], why
+    # the survivor's worker said why it stopped in one line, not a traceback
+    assert 'a collective failed, another rank is probably gone' in a.text(), why
+    assert 'Traceback' not in a.text(), why
+    one, two = load_params(latest_checkpoint(tmp_path / 'straight')), load_params(latest_checkpoint(tmp_path / 'elastic'))
+    assert latest_checkpoint(tmp_path / 'elastic').endswith('ckpt_00000040')
+    assert max_rel_diff(two, one) < 1e-5
+
+
+@pytest.mark.parametrize('stated', ['abc', '0', '-1', 'inf', '4,'])
+def test_a_bad_stated_memory_is_one_line(work, stated):
+    p = run_train(work, *WIDE, '--out_dir=bad_mem', check=False, env={'HETGPT_MEM_GIB': stated})
+    assert p.returncode == 2 and p.stderr.strip().count('\n') == 0, p.stderr
+    assert p.stderr.startswith(f'error: HETGPT_MEM_GIB={stated}: give GiB > 0')
+    assert not (work / 'bad_mem' / 'metrics.jsonl').exists()
