@@ -78,7 +78,7 @@ def checkpoints(out_dir):
 def save(out_dir, step, model, optimizer, meta, keep_last):
     # Every rank writes its shard (DCP: loads under any strategy and world size) into
     # ckpt_<step>.tmp; rank 0 adds hetgpt.json ({iter, **meta}) and renames it once complete, then
-    # drops old ones.
+    # drops old ones. Returns the checkpoint's path.
     final = os.path.join(out_dir, f'ckpt_{step:08d}')
     tmp, master = final + '.tmp', dist.get_rank() == 0
     if master:
@@ -105,6 +105,7 @@ def save(out_dir, step, model, optimizer, meta, keep_last):
         for old in others[:len(others) - (keep_last - 1)]:
             shutil.rmtree(old, ignore_errors=True)
     dist.barrier()
+    return final
 
 
 def latest(path):
@@ -174,7 +175,7 @@ def load_model(path, trim_vocab=True):
 
 
 def load(path, model, optimizer, model_args):
-    # Loads path into model and optimizer (wrapped or not) and returns its iteration.
+    # Loads path into model and optimizer (wrapped or not) and returns its hetgpt.json (checked).
     try:
         meta = read_meta(path)
         saved = meta['model_args']
@@ -187,4 +188,4 @@ def load(path, model, optimizer, model_args):
     except (Exception, CheckpointException) as e:  # (die's SystemExit is neither)
         damaged(path, e)
     set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
-    return meta['iter']
+    return meta

@@ -8,6 +8,7 @@ import atexit
 import functools
 import json
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -180,6 +181,29 @@ class Metrics:
 
 # -----------------------------------------------------------------------------
 # data: a flat uint16 token file, checked as untrusted input
+class PlainUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):  # dicts, strings and numbers only: no code can run
+        raise pickle.UnpicklingError(f"it refers to {module}.{name}")
+
+
+def dataset_vocab(folder):
+    # nanoGPT's prepare scripts of other tokenizers (shakespeare_char: 65 characters) leave
+    # meta.pkl = {'vocab_size', 'stoi', 'itos'} beside the tokens; None where there is none.
+    path = os.path.join(folder, 'meta.pkl')
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, 'rb') as f:
+            meta = PlainUnpickler(f).load()
+    except Exception as e:  # damaged, or a pickle that would import something
+        die(f"cannot read {path} ({type(e).__name__}: {e}); it should be a nanoGPT meta.pkl "
+            f"(a dict with vocab_size): prepare the data again or remove it")
+    vocab = meta.get('vocab_size') if isinstance(meta, dict) else None
+    if type(vocab) is not int or vocab < 1:
+        die(f"{path} has no positive int vocab_size (got {vocab!r}): prepare the data again")
+    return meta
+
+
 def open_tokens(path, block_size, vocab_size, dataset):
     if not os.path.exists(path):
         die(f"no {path}: run python data/prepare.py --dataset {dataset} "

@@ -448,6 +448,15 @@ def _advice(cfg, batch, ranks, plan, mbs, dtype, inter_node_bw, results):
     return text, needs
 
 
+def batch_of(batch_size, gradient_accumulation_steps=0, micro_batch_size=0):
+    # (global batch, micro-batch) of a config. hetgpt's batch_size is the global batch. A config
+    # that sets gradient_accumulation_steps > 0 speaks nanoGPT: batch_size is then the micro-batch
+    # and the global batch batch_size × gradient_accumulation_steps, whatever the world size.
+    if gradient_accumulation_steps > 0:
+        return batch_size * gradient_accumulation_steps, micro_batch_size or batch_size
+    return batch_size, micro_batch_size
+
+
 def make_plan(model_config, batch_size, ranks, plan='auto', micro_batch_size=0,
               memory_fraction=0.9, dtype='bfloat16', inter_node_bw=None, weights=None,
               init_device='auto'):

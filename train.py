@@ -4,6 +4,8 @@ $ python train.py configs/gpt_tiny.py --device=cpu
 $ torchrun --standalone --nproc_per_node=8 train.py configs/gpt_13b.py
 batch_size is the GLOBAL number of sequences per optimizer step (as gigaGPT), however the plan
 spreads them over ranks and micro-batches: the gradient is always that of the whole batch.
+nanoGPT's config files run unchanged: gradient_accumulation_steps, always_save_checkpoint,
+eval_only and decay_lr mean what they mean there, and the defaults its configs rely on are its own.
 """
 import functools
 import math
@@ -39,11 +41,13 @@ from model import GPT, LMHeadLoss, chunk_loss, config_from, make_optimizer
 # I/O
 out_dir = 'out'
 init_from = 'scratch'  # 'scratch', 'resume' (latest checkpoint), 'auto' (resume if any), 'gpt2*'
-dataset = 'pydocs'     # data/<dataset>/{train,val}.bin from data/prepare.py
+dataset = 'openwebtext'  # data/<dataset>/{train,val}.bin from data/prepare.py
 eval_interval = 500    # evaluate every this many steps (and at the end)
 eval_iters = 20        # the validation loss is over eval_iters × 8 fixed sequences
+eval_only = False      # evaluate the model as loaded (init_from) once and exit
 log_interval = 10
 checkpoint_interval = 1000  # and at the end; 0: none (benchmarks), but on SIGTERM/SIGUSR1
+always_save_checkpoint = True  # False: save only at evaluations that lower the val loss (nanoGPT)
 keep_last = 2          # complete checkpoints kept in out_dir
 wandb_log = False      # offline unless WANDB_API_KEY is set; never blocks training
 wandb_project = 'hetgpt'
@@ -55,10 +59,12 @@ n_embd = 768
 block_size = 1024
 vocab_size = 50304     # GPT-2's 50257 tokens padded to a multiple of 64
 dropout = 0.0
-bias = True
+bias = False           # biases in Linear and LayerNorm layers
 init_std = 0.02
 # optimizer: AdamW, linear warmup then cosine decay to min_lr
 batch_size = 32        # sequences per optimizer step, all ranks together
+gradient_accumulation_steps = 0  # nanoGPT's: > 0 makes batch_size the micro-batch, the global
+                       # batch batch_size × gradient_accumulation_steps (whatever the world size)
 learning_rate = 6e-4
 max_iters = 5000
 weight_decay = 0.1
@@ -67,7 +73,8 @@ beta2 = 0.95
 adam_eps = 1e-8
 grad_clip = 1.0        # 0 disables clipping
 max_bad_steps = 5      # stop after this many steps in a row with non-finite loss or gradients
-warmup_iters = 100
+decay_lr = True        # False: a constant learning_rate (no warmup either, as nanoGPT)
+warmup_iters = 2000
 lr_decay_iters = 5000
 min_lr = 6e-5
 # system
@@ -87,7 +94,8 @@ stall_timeout = 300    # seconds with no progress before ranks give up on a sile
 RULES = {
     'out_dir': '.+', 'init_from': 'scratch|resume|auto|gpt2(-medium|-large|-xl)?', 'dataset': '.+',
     'eval_interval': '> 0', 'eval_iters': '> 0', 'log_interval': '> 0', 'keep_last': '>= 1',
-    'checkpoint_interval': '>= 0', 'wandb_log': '', 'wandb_project': '', 'wandb_run_name': '',
+    'checkpoint_interval': '>= 0', 'eval_only': '', 'always_save_checkpoint': '',
+    'gradient_accumulation_steps': '>= 0', 'decay_lr': '', 'wandb_log': '', 'wandb_project': '', 'wandb_run_name': '',
     'n_layer': '> 0', 'n_head': '> 0', 'n_embd': '> 0', 'block_size': '> 0', 'vocab_size': '> 0',
     'dropout': '[0, 1)', 'bias': '', 'init_std': '> 0', 'batch_size': '> 0', 'max_iters': '> 0',
     'learning_rate': '> 0', 'weight_decay': '>= 0', 'beta1': '[0, 1)', 'beta2': '[0, 1)',
@@ -97,13 +105,20 @@ RULES = {
     'plan': '|'.join(map(re.escape, ('auto',) + planner.STRATEGIES)), 'micro_batch_size': '>= 0',
     'memory_fraction': '(0, 1]', 'init_device': 'auto|cpu|meta', 'balance': r'auto|even|[0-9.,]+',
     'rebalance_interval': '> 0', 'stall_timeout': '>= 0'}
-config = configure({k: v for k, v in globals().items() if is_knob(k, v)}, rules=RULES)
+defaults = {k: v for k, v in globals().items() if is_knob(k, v)}
+config = configure(defaults, rules=RULES)
 globals().update(config)
+batch_size, micro_batch_size = planner.batch_of(batch_size, gradient_accumulation_steps,
+                                                micro_batch_size)  # (nanoGPT's configs)
 if n_embd % n_head:
     die(f"n_embd={n_embd} is not divisible by n_head={n_head}; pick n_head among "
         f"{[h for h in range(1, 129) if n_embd % h == 0][-6:]}")
-if min_lr > learning_rate:
+if decay_lr and min_lr > learning_rate:
     die(f"min_lr={min_lr} is above learning_rate={learning_rate}: lower min_lr")
+# nanoGPT's character-level data (meta.pkl) sets the vocabulary, unless the config does
+dataset_meta = guard.dataset_vocab(os.path.join('data', dataset))
+if dataset_meta and vocab_size == defaults['vocab_size'] and not init_from.startswith('gpt2'):
+    vocab_size = config['vocab_size'] = dataset_meta['vocab_size']
 world_size = int(os.environ.get('WORLD_SIZE', 1))  # set by torchrun, as the three below
 rank, local_rank = int(os.environ.get('RANK', 0)), int(os.environ.get('LOCAL_RANK', 0))
 local_world = int(os.environ.get('LOCAL_WORLD_SIZE', 1))
@@ -223,6 +238,8 @@ scaler = torch.amp.GradScaler(device_type, enabled=dtype == 'float16')
 
 
 def get_lr(it):
+    if not decay_lr:
+        return learning_rate
     if it < warmup_iters:
         return learning_rate * (it + 1) / (warmup_iters + 1)
     if it > lr_decay_iters:
@@ -317,6 +334,10 @@ def measure_speed(cap):  # this rank's c0 + c1·n seconds for a micro-batch of n
 # The plan checked on the real device: each rank probes its micro-batch cap; the planner halves
 # those that failed, and all probe again. Then, by speed, the split the first step runs.
 caps = run_plan.micro_batch
+by_speed = weights is None and world_size > 1
+log(f"probe step: micro-batch {caps[0]}, forward, backward and an optimizer step to check "
+    f"memory" + (" (compiling first: slow the first time)" if compile else '')
+    + ("; then timed micro-batches on every rank to split the batch" if by_speed else ''))
 while True:
     probed = probe_step(caps[rank], run_plan.room(rank))
     measured = gather(probed)
@@ -324,14 +345,22 @@ while True:
         break
     caps = planner.after_oom(caps, measured, run_plan.strategy)
     log(f"out of memory in the probe step: micro-batches now {caps}")
-by_speed = weights is None and world_size > 1
 c0, c1 = zip(*gather(measure_speed(caps[rank]))) if by_speed else (None, None)
 run_plan = planner.resplit(run_plan, caps, c0, c1)
 log(run_plan.table(measured))
-iter_num = ckpt.load(resume_from, model, optimizer, model_args) if resume_from else 0
+resumed = ckpt.load(resume_from, model, optimizer, model_args) if resume_from else {}
+iter_num = resumed.get('iter', 0)
 if resume_from:
-    was = ckpt.read_meta(resume_from).get('machines')
+    was = resumed.get('machines')
     log(f"resumed from {resume_from} at iter {iter_num}{guard.membership(was, machines)}")
+best_val = resumed.get('best_val_loss')  # (always_save_checkpoint=False saves when it drops)
+best_val = best_val if type(best_val) is float else math.inf
+if decay_lr and max_iters < lr_decay_iters and not eval_only:
+    log(f"warning: max_iters={max_iters} < lr_decay_iters={lr_decay_iters}: the learning rate "
+        f"ends at {get_lr(max_iters):.2e}, not min_lr={min_lr:.2e}; set lr_decay_iters={max_iters}")
+if gradient_accumulation_steps:
+    log(f"gradient_accumulation_steps={gradient_accumulation_steps} (nanoGPT's meaning): global "
+        f"batch {batch_size} = {config['batch_size']} × {gradient_accumulation_steps} sequences")
 # rank 0's record: first the plan against the probe step (for bench/ and for the record)
 record = guard.Metrics(out_dir, iter_num, {
     'iter': iter_num, 'plan': run_plan.strategy, 'ac': run_plan.checkpoint[0],
@@ -351,11 +380,15 @@ tokens_per_step = batch_size * block_size
 
 
 @torch.no_grad()
-def validate(it, cap):
-    # The loss on the same fixed validation sequences every time, logged and recorded. A signal
-    # drops it: the checkpoint matters, not this evaluation.
+def validate(it, cap, step_seconds):
+    # The loss on the same fixed validation sequences every time, logged, recorded and returned
+    # (None when a signal dropped it: the checkpoint matters, not this evaluation). step_seconds:
+    # of a training step, to say beforehand when this will take a while.
     model.eval()
     offsets = batch_offsets('val', -1, eval_iters * 8)
+    expect = step_seconds * len(offsets) / batch_size / 3  # a forward is a third of a step
+    if expect > 10:
+        log(f"iter {it}: evaluating {len(offsets):,} sequences, about {expect:.0f} s")
     mine = np.array_split(offsets, world_size)[rank]
     count = torch.tensor(math.ceil(len(mine) / cap) or 1)  # host tensor (gloo): read at once
     dist.all_reduce(count, op=dist.ReduceOp.MAX)
@@ -372,6 +405,7 @@ def validate(it, cap):
         val = total.item() / (len(offsets) * block_size)
         log(f"iter {it}: val loss {val:.4f}")
         record({'iter': it, 'tokens': it * tokens_per_step, 'val_loss': val})
+        return val
 
 
 def log_ranks(ran, busy):
@@ -386,8 +420,10 @@ def log_ranks(ran, busy):
 log(f"{raw_model.num_params(False):,} parameters; {world_size} rank(s) on {device_type}, {how}; "
     f"{tokens_per_step:,} tokens per step; shares {run_plan.share}")
 stop_signals = guard.Signals(out_dir)  # from here a signal checkpoints at the end of the step
-if iter_num == 0:
-    validate(iter_num, caps[rank])
+dt = run_plan.step_time  # seconds per step: predicted, then measured
+if iter_num == 0 or eval_only:
+    val = validate(iter_num, caps[rank], dt)
+    best_val = val if val is not None and iter_num == 0 else best_val
 
 # -----------------------------------------------------------------------------
 # The loop
@@ -395,7 +431,7 @@ sizes = run_plan.micro_batches  # every rank's micro-batches (rebalanced by meas
 bad_steps = guard.BadSteps(device, max_bad_steps, out_dir)
 busy = torch.zeros(2, dtype=torch.float64)  # smoothed (compute, whole step) seconds of this rank
 t_log, steps_since, loss_acc = time.perf_counter(), 0, torch.zeros((), device=device)
-while iter_num < max_iters:
+while iter_num < max_iters and not eval_only:
     torch.manual_seed(seed + 1_000_003 * iter_num + rank)  # dropout: by (seed, step, rank)
     lr = get_lr(iter_num)
     for group in optimizer.param_groups:
@@ -452,16 +488,22 @@ while iter_num < max_iters:
             log_ranks(ran, busy)
         t_log, steps_since, loss_acc = time.perf_counter(), 0, torch.zeros((), device=device)
     t_pause = time.perf_counter()  # evaluation and checkpoints are not step time
+    val = None
     if iter_num % eval_interval == 0 or iter_num == max_iters:
-        validate(iter_num, caps[rank])
+        val = validate(iter_num, caps[rank], dt)
     stop = torch.tensor(len(stop_signals))  # host tensor (gloo): no wait for the GPU
     dist.all_reduce(stop)  # a signal may reach the ranks at different steps
-    due = checkpoint_interval and (iter_num % checkpoint_interval == 0 or iter_num == max_iters)
+    if always_save_checkpoint:
+        due = checkpoint_interval and (iter_num % checkpoint_interval == 0 or iter_num == max_iters)
+    else:  # nanoGPT's: at an evaluation that lowers the best val loss (the same on every rank)
+        due = val is not None and val < best_val
+    best_val = min(best_val, val if val is not None else math.inf)
     if due or stop:
         watchdog.progress(limit_factor=4)
-        ckpt.save(out_dir, iter_num, model, optimizer,
-                  {'model_args': vars(model_args), 'config': config, 'machines': machines},
-                  keep_last)
+        path = ckpt.save(out_dir, iter_num, model, optimizer,
+                         {'model_args': vars(model_args), 'config': config, 'machines': machines,
+                          'best_val_loss': None if best_val == math.inf else best_val}, keep_last)
+        log(f"iter {iter_num}: checkpoint written to {path}")
     if stop:
         log(f"iter {iter_num}: stopped by a signal; checkpoint saved, init_from=resume continues")
         break

@@ -8,6 +8,7 @@ n_head = 4
 n_embd = 128
 block_size = 256
 dropout = 0.0
+bias = True
 batch_size = 8           # sequences per optimizer step, all ranks together: 8 × 256 = 2,048 tokens
 learning_rate = 2e-3
 min_lr = 2e-4
