@@ -136,6 +136,7 @@ device_type, ptdtype = device.split(':')[0], getattr(torch, dtype)
 watchdog = guard.start_group(hardware.BACKENDS[device_type], rank, world_size, stall_timeout)
 master = rank == 0
 log = functools.partial(print, flush=True) if master else lambda *args: None
+log(f"{world_size} rank(s) on {device_type}, {how}; planning")
 
 
 def gather(obj):  # every rank's obj, in rank order
