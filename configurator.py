@@ -7,22 +7,63 @@ A script keeps its knobs as commented module-level globals and calls
 Arguments: config files (plain Python assignments, e.g. configs/gpt_13b.py) and --key=value
 overrides, applied in order. Unknown keys, wrong types and values out of range (a script's RULES
 table, checked by configure) exit with one line that says what to do: a typo must never train the
-wrong model silently.
+wrong model silently. `python SCRIPT --help` (answer_help) lists the knobs, read from the script's
+source without running it.
 """
 import ast
 import difflib
+import enum
+import io
 import math
+import os
 import re
+import signal
 import sys
+import textwrap
+import time
+import tokenize
 
 
 def is_knob(name, value):
-    return not name.startswith('_') and isinstance(value, (int, float, bool, str, type(None)))
+    # (an enum is not one: train.py's loop variable `sig`, a signal.Signals, is also an int)
+    return (not name.startswith('_') and isinstance(value, (int, float, bool, str, type(None)))
+            and not isinstance(value, enum.Enum))
+
+
+# Under torchrun every rank runs the same start-up checks, and a mistake would be printed once per
+# rank. So a rank other than its machine's local rank 0 leaves the line to that rank: it waits for
+# torchrun to stop it (torchrun stops every rank once one has exited) and prints its line, naming
+# itself, only when no stop comes within QUIET_WAIT seconds: a mistake that only it sees (its own
+# device, its own memory). A stop by a signal it never reports: a signal that reaches the ranks
+# during start-up is torchrun stopping them, a preemption or a Ctrl-C, and local rank 0 says so.
+QUIET_WAIT = 5.0
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
 
 def die(msg):
-    print(f"error: {msg}", file=sys.stderr)
+    if os.environ.get('LOCAL_RANK', '0') != '0' and int(os.environ.get('WORLD_SIZE', 1)) > 1:
+        if in_signal_handler():
+            sys.exit(2)
+        try:  # a stop while waiting: silent
+            for sig in STOP_SIGNALS:
+                signal.signal(sig, lambda signum, frame: sys.exit(2))
+        except ValueError:  # not the main thread: signals are not ours to handle
+            pass
+        time.sleep(QUIET_WAIT)
+        msg = f"rank {os.environ.get('RANK', '?')}: {msg}"
+    print(f"error: {msg}", file=sys.stderr, flush=True)
     sys.exit(2)
+
+
+def in_signal_handler():
+    # Whether the caller runs in a Python handler of STOP_SIGNALS (its frame is on the stack)
+    handlers = {getattr(signal.getsignal(sig), '__code__', None) for sig in STOP_SIGNALS} - {None}
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code in handlers:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def check(key, value, defaults, where):
@@ -111,3 +152,82 @@ def configure(defaults, argv=None, strict_files=True, rules=None):
     for key, rule in (rules or {}).items():
         check_rule(key, config[key], rule)
     return config
+
+
+# -----------------------------------------------------------------------------
+# --help, answered from the script's source: nothing of it runs, so no torch import (instant).
+def answer_help(path, argv=None):
+    # -h or --help among the arguments: print the usage and the knobs of the script at path, exit 0
+    argv = sys.argv[1:] if argv is None else argv
+    if '-h' in argv or '--help' in argv:
+        try:
+            print(help_text(path), flush=True)
+        except BrokenPipeError:  # `--help | head`: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)
+
+
+def knobs(path):
+    # [(group, name, default as written, comment lines)] of a script: its module-level assignments
+    # of plain values between its first two '# ----' rulers (the whole file if it has none). A
+    # comment line at column 0 there starts a group (train.py's '# I/O'); an indented one goes on
+    # with the comment of the knob above it (sample.py's init_from).
+    source = open(path, encoding='utf-8').read()
+    lines = source.splitlines()
+    rulers = [n for n, line in enumerate(lines, 1) if re.fullmatch(r'# -{20,}', line)]
+    first, last = rulers[:2] if len(rulers) > 1 else (0, len(lines) + 1)
+    comments = {t.start[0]: (t.start[1], t.string.lstrip('#').strip())  # line -> (column, text)
+                for t in tokenize.generate_tokens(io.StringIO(source).readline)
+                if t.type == tokenize.COMMENT}
+    assigned = {}  # first line -> the assignment
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and [type(t) for t in node.targets] == [ast.Name]:
+            try:
+                value = ast.literal_eval(node.value)
+            except (ValueError, TypeError, SyntaxError):
+                continue  # computed: not a knob
+            if is_knob(node.targets[0].id, value):
+                assigned[node.lineno] = node
+    found, group, above = [], '', None  # above: the knob the line above belongs to
+    for n in range(first + 1, last):
+        node = assigned.get(n)
+        if node:
+            v = node.value  # its text as written (ast's offsets count UTF-8 bytes)
+            text = (lines[n - 1].encode()[v.col_offset:v.end_col_offset].decode()
+                    if v.lineno == v.end_lineno == n else ast.get_source_segment(source, v))
+            above = [group, node.targets[0].id, text,
+                     [comments[i][1] for i in range(n, node.end_lineno + 1) if i in comments]]
+            found.append(above)
+        elif n in comments and lines[n - 1].lstrip().startswith('#'):
+            column, text = comments[n]
+            if column == 0:
+                group, above = text, None
+            elif above:
+                above[3].append(text)
+        elif not (node or lines[n - 1].strip()):
+            above = None  # a blank line ends a knob's comment
+    return [tuple(k) for k in found]
+
+
+def help_text(path):
+    source = open(path, encoding='utf-8').read()
+    script, items = os.path.basename(path), knobs(path)
+    column = min(26, 4 + max((len(f"{name} = {default}") for _, name, default, _ in items),
+                             default=0))
+    out = [f"usage: python {script} [CONFIG.py ...] [--key=value ...]", '',
+           (ast.get_docstring(ast.parse(source)) or '').strip(), '',
+           textwrap.fill(
+               f"Arguments, applied in order: config files (plain Python assignments of the knobs "
+               f"below, as in configs/*.py) and --key=value overrides. Every value is checked "
+               f"against its knob's type and range (RULES in {script}): an unknown key or a bad "
+               f"value stops with one line, before anything runs.", 100), '',
+           "Knobs, with their defaults:"]
+    group = None
+    for g, name, default, note in items:
+        if g != group:
+            out += ['', g] if g else ['']
+            group = g
+        note = note or ['']  # (its lines as the file breaks them)
+        out.append((f"  {name} = {default}".ljust(column - 2) + '  ' + note[0]).rstrip())
+        out += [' ' * column + line for line in note[1:]]
+    return '\n'.join(out)

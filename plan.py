@@ -544,6 +544,9 @@ def resplit(p, caps, c0=None, c1=None):
 
 # -----------------------------------------------------------------------------
 # Dry run
+DEFAULT_GPUS = '1xH200'
+
+
 def _cluster(gpus, nodes, host_mem):
     # '4xA100-80GB,4xV100-32GB' -> ranks spread evenly over nodes (default: 8 GPUs per node)
     kinds = []
@@ -575,17 +578,33 @@ def main(argv=None):
     # Returns 0 when the config fits, 1 when it does not; a mistake in the arguments exits 2.
     t0 = time.time()
     ap = ArgumentParser(
-        description="Does a GPT config fit these GPUs, and how? (meta device, no GPU needed)")
+        description="Does a GPT config fit these GPUs, and how? (meta device, no GPU needed)",
+        epilog="examples:\n"
+               "  python plan.py configs/gpt_13b.py --gpus 8xA100-80GB\n"
+               "  python plan.py configs/gpt_70b.py --gpus 16xA100-80GB --host_mem 1024 "
+               "--nodes 2\n"
+               "  python plan.py configs/gpt_13b.py --gpus 4xA100-80GB,4xV100-32GB "
+               "--host_mem 512\n"
+               "  python plan.py configs/gpt_tiny.py --gpus 2xcpu --host_mem 16\n"
+               "exit status: 0 fits, 1 does not fit (and what would), 2 a mistake",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('config', nargs='+',
-                    help="configs/*.py, and --key=value overrides of the model or batch")
-    ap.add_argument('--gpus', default='1xH200',
-                    help="e.g. 16xA100-80GB or 4xA100-80GB,4xV100-32GB or 2xcpu")
+                    help="configs/*.py, and --key=value overrides of the model or batch "
+                         "(batch_size, gradient_accumulation_steps, micro_batch_size)")
+    ap.add_argument('--gpus', default=None,
+                    help=f"COUNTxNAME[,COUNTxNAME...], NAME one of {', '.join(GPUS)}, or cpu "
+                         f"(CPU ranks need --host_mem): e.g. 16xA100-80GB, "
+                         f"4xA100-80GB,4xV100-32GB, 2xcpu --host_mem 16 (default: {DEFAULT_GPUS})")
     ap.add_argument('--host_mem', type=float, default=None,
                     help="host memory per node, GiB (default: not checked)")
-    ap.add_argument('--nodes', type=int, default=0)
+    ap.add_argument('--nodes', type=int, default=0, help="ranks spread evenly over them "
+                    "(default 0: 8 GPUs per node)")
     ap.add_argument('--plan', default='auto', choices=('auto',) + STRATEGIES)
-    ap.add_argument('--micro_batch_size', type=int, default=0)
-    ap.add_argument('--memory_fraction', type=float, default=0.9)
+    ap.add_argument('--micro_batch_size', type=int, default=0,
+                    help="sequences per forward on each rank (default 0: the config's, else the "
+                         "planner's choice)")
+    ap.add_argument('--memory_fraction', type=float, default=0.9,
+                    help="of each device's memory the planner may use")
     ap.add_argument('--dtype', default='bfloat16', choices=('bfloat16', 'float16', 'float32'))
     ap.add_argument('--inter_node_gbs', type=float, default=None,
                     help="GB/s per GPU between nodes (default: the GPU's reference system)")
@@ -602,16 +621,25 @@ def main(argv=None):
     for a in args.config + rest:
         if not (a.startswith('--') or a.endswith('.py')):
             die(f"{a!r}: give config files (configs/*.py) and --key=value overrides")
-    defaults = {f.name: f.default for f in fields(GPTConfig)} | dict(batch_size=1)
+    # the model's shape and the batch, as train.py reads them (its knobs of the same names)
+    defaults = {f.name: f.default for f in fields(GPTConfig)} | dict(
+        batch_size=1, gradient_accumulation_steps=0, micro_batch_size=0)
     rules = dict(block_size='> 0', vocab_size='> 0', n_layer='> 0', n_head='> 0', n_embd='> 0',
-                 dropout='[0, 1)', bias='', init_std='> 0', batch_size='> 0')
+                 dropout='[0, 1)', bias='', init_std='> 0', batch_size='> 0',
+                 gradient_accumulation_steps='>= 0', micro_batch_size='>= 0')
     config = configure(defaults, args.config + rest, strict_files=False, rules=rules)
     if config['n_embd'] % config['n_head']:
         die(f"n_embd={config['n_embd']} is not divisible by n_head={config['n_head']}")
-    ranks = _cluster(args.gpus, args.nodes, args.host_mem)
-    p = make_plan(config_from(config), config['batch_size'], ranks, plan=args.plan,
-                  micro_batch_size=args.micro_batch_size, memory_fraction=args.memory_fraction,
-                  dtype=args.dtype, inter_node_bw=args.inter_node_gbs and args.inter_node_gbs * 1e9)
+    ranks = _cluster(DEFAULT_GPUS if args.gpus is None else args.gpus, args.nodes, args.host_mem)
+    # nanoGPT's configs: gradient_accumulation_steps > 0 makes batch_size the micro-batch
+    batch, micro = batch_of(config['batch_size'], config['gradient_accumulation_steps'],
+                            args.micro_batch_size or config['micro_batch_size'])
+    p = make_plan(config_from(config), batch, ranks, plan=args.plan, micro_batch_size=micro,
+                  memory_fraction=args.memory_fraction, dtype=args.dtype,
+                  inter_node_bw=args.inter_node_gbs and args.inter_node_gbs * 1e9)
+    if args.gpus is None:
+        print(f"no --gpus given: planned for {DEFAULT_GPUS}; choose with --gpus, e.g. "
+              f"--gpus 8xA100-80GB")
     print(p.table())
     print(f"({time.time() - t0:.1f} s)")
     return 0 if p.fits else 1

@@ -14,6 +14,9 @@ def number(x):
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
+if '-h' in sys.argv[1:] or '--help' in sys.argv[1:]:
+    print(f"usage: python plot.py OUT_DIR\n{__doc__.rstrip()}")
+    sys.exit(0)
 if len(sys.argv) != 2 or sys.argv[1].startswith('-'):
     die("usage: python plot.py OUT_DIR  (reads OUT_DIR/metrics.jsonl, writes OUT_DIR/loss.png)")
 out_dir = sys.argv[1]

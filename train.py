@@ -15,7 +15,8 @@ import signal
 import time
 from contextlib import nullcontext
 
-from configurator import configure, die, is_knob
+from configurator import answer_help, configure, die, is_knob
+answer_help(__file__)  # --help: the knobs below, read from this file (before torch is imported)
 # Ctrl-C, preemption (SIGTERM) or Slurm's warning (SIGUSR1) before training starts (imports
 # included): one line, nothing to save. guard.Signals takes these over for the training loop.
 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):

@@ -7,7 +7,9 @@ Each script's own mistakes are tested beside it (test_sample.py, test_prepare.py
 """
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -15,7 +17,7 @@ import time
 
 import pytest
 
-from trainer import ROOT, make_dataset, train_command
+from trainer import ROOT, TINY, make_dataset, train_command
 
 
 def mistake(r):
@@ -110,3 +112,91 @@ def test_export_into_a_folder_that_may_not_be_written(nobody, locked):
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert 'not a writable directory' in mistake(r)
     assert os.listdir(locked) == []
+
+
+# -----------------------------------------------------------------------------
+# Under torchrun every rank makes the same start-up checks: a mistake they all see is printed once
+# (by local rank 0), one that a single rank sees by that rank, and a stop by a signal once.
+def torchrun(cwd, *args, nproc=2, env=None):
+    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore', HF_HUB_OFFLINE='1',
+               TRANSFORMERS_OFFLINE='1', TIKTOKEN_CACHE_DIR='', **(env or {}))
+    t = time.time()
+    r = subprocess.run(train_command(nproc) + list(TINY) + ['--max_iters=2', '--batch_size=6']
+                       + list(args), cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return r, r.stdout + r.stderr, time.time() - t
+
+
+def error_lines(output):
+    return [line for line in output.splitlines() if line.startswith('error: ')]
+
+
+@pytest.mark.parametrize('arg,expected', [
+    ('--n_layr=3', "error: unknown config key 'n_layr' in the command line; did you mean n_layer"),
+    ('--dataset=absent', 'error: no data/absent/train.bin: run python data/prepare.py')])
+def test_a_mistake_every_rank_sees_is_printed_once(tmp_path, arg, expected):
+    make_dataset(str(tmp_path))
+    r, output, elapsed = torchrun(tmp_path, '--out_dir=out', arg)
+    assert r.returncode != 0
+    # (rank 1 stays quiet: stopped by torchrun before its wait for that is over, else it would
+    # print its line too, naming itself)
+    assert len(error_lines(output)) == 1 and error_lines(output)[0].startswith(expected), output
+    assert elapsed < 60, f"{elapsed:.0f} s"  # (torchrun kills a rank deaf to SIGTERM after 30 s)
+    assert not (tmp_path / 'out').exists() or not any((tmp_path / 'out').glob('ckpt_*'))
+
+
+def test_a_mistake_only_one_rank_sees_is_printed_by_that_rank(tmp_path):
+    # HETGPT_MEM_GIB gives one number per local rank: rank 2 of 3 has none, ranks 0 and 1 go on
+    make_dataset(str(tmp_path))
+    r, output, _ = torchrun(tmp_path, '--out_dir=out', nproc=3,
+                            env={'HETGPT_MEM_GIB': '8,8'})
+    assert r.returncode != 0
+    mine = [line for line in error_lines(output) if 'HETGPT_MEM_GIB' in line]
+    assert mine == ["error: rank 2: HETGPT_MEM_GIB=8,8: give GiB > 0, one number or one per local "
+                    "rank (this is local rank 2)"], output
+
+
+def test_a_stop_while_starting_under_torchrun_is_one_line(tmp_path):
+    make_dataset(str(tmp_path))
+    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore')
+    p = subprocess.Popen(train_command(2) + list(TINY) + ['--out_dir=out', '--max_iters=2'],
+                         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    # once both ranks handle SIGTERM (train.py's start-up handler: bit 15 of SigCgt), stop the
+    # job as a scheduler would: torchrun's agent gets SIGTERM and sends it on to its ranks
+    deadline, ready = time.time() + 120, False
+    while not ready and time.time() < deadline and p.poll() is None:
+        try:
+            kids = open(f'/proc/{p.pid}/task/{p.pid}/children').read().split()
+            masks = [int(re.search(r'SigCgt:\s*(\w+)', open(f'/proc/{k}/status').read())[1], 16)
+                     for k in kids]
+        except (OSError, TypeError):
+            masks = []
+        ready = len(masks) == 2 and all(m >> (signal.SIGTERM - 1) & 1 for m in masks)
+        time.sleep(0.02)
+    assert ready, 'the ranks never started'
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode != 0
+    assert error_lines(out + err) == ['error: stopped by SIGTERM while starting; nothing was '
+                                      'written'], out + err
+    assert not (tmp_path / 'out').exists() or not any((tmp_path / 'out').glob('ckpt_*'))
+
+
+# -----------------------------------------------------------------------------
+# plan.py reads a config's batch as train.py does: nanoGPT's gradient_accumulation_steps > 0 makes
+# batch_size the micro-batch, and the global batch batch_size × gradient_accumulation_steps
+def test_plan_reads_gradient_accumulation_as_nanogpt(tmp_path, capsys):
+    import plan as planner
+    config = tmp_path / 'nano.py'
+    config.write_text('batch_size = 12\ngradient_accumulation_steps = 40\nn_layer = 2\n'
+                      'n_head = 2\nn_embd = 64\nblock_size = 128\n')
+    assert planner.main([str(config), '--gpus', '2xA100-80GB']) == 0
+    table = capsys.readouterr().out
+    assert 'batch 480 × 128 tokens' in table  # 12 × 40, whatever the number of ranks
+    shares = re.findall(r'^\s+\d+\s+\d+\s+A100-80GB\s+(\d+)\s+12×(\d+) ', table, re.M)
+    assert len(shares) == 2 and sum(int(s) for s, _ in shares) == 480, table
+    assert all(int(s) == 12 * int(n) for s, n in shares)  # micro-batches of 12, as nanoGPT's
+    # without it, batch_size is the global batch as always
+    config.write_text('batch_size = 12\nn_layer = 2\nn_head = 2\nn_embd = 64\nblock_size = 128\n')
+    assert planner.main([str(config), '--gpus', '2xA100-80GB']) == 0
+    assert 'batch 12 × 128 tokens' in capsys.readouterr().out

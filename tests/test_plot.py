@@ -70,7 +70,7 @@ def test_plot_without_metrics(tmp_path):
 
 
 def test_plot_usage():
-    for args in ([], ['a', 'b'], ['-h']):
+    for args in ([], ['a', 'b'], ['--out']):  # (-h and --help: tests/test_help.py)
         r = subprocess.run([sys.executable, 'plot.py', *args], cwd=ROOT, capture_output=True,
                            text=True, timeout=60)
         assert 'usage: python plot.py OUT_DIR' in mistake(r)
