@@ -1,12 +1,14 @@
 """
 To and from transformers' GPT-2 (GPT2LMHeadModel): our module names are nanoGPT's, which are HF's,
 so the weights map one to one; HF's Conv1D keeps four of them as (in, out) where nn.Linear has
-(out, in). Used by train.py (init_from=gpt2*), sample.py (loading, --export_hf) and the tests.
+(out, in). Used by train.py (init_from=gpt2*), sample.py (loading, --export_hf: the weights and,
+for GPT-2's vocabulary, its tokenizer) and the tests.
 """
 import os
 
 import torch
 
+import tokenizer
 from configurator import die, oneline
 from model import GPT, GPTConfig
 
@@ -72,11 +74,16 @@ def offline(why, name):
 
 
 def save_hf(model, path):
-    # Writes path/config.json + model.safetensors. HF's GPT-2 always has biases: a bias=False model
-    # exports zeros, which is the same network.
+    # Writes path/config.json, generation_config.json, model.safetensors and, when the model's
+    # vocabulary is GPT-2's 50257 tokens, GPT-2's tokenizer (tokenizer.save_hf_tokenizer), so that
+    # AutoTokenizer and pipeline('text-generation', model=path) work on it. Returns (the names of
+    # the files written, None or why there is no tokenizer). HF's GPT-2 always has biases: a
+    # bias=False model exports zeros, which is the same network.
+    import tempfile
+
     from transformers import GPT2Config, GPT2LMHeadModel
     c = model.config
-    eot = 50256 if c.vocab_size > 50256 else None  # GPT-2's <|endoftext|>, if this vocab has it
+    eot = tokenizer.EOT if c.vocab_size > tokenizer.EOT else None  # if this vocab has it
     hf = GPT2LMHeadModel(GPT2Config(
         vocab_size=c.vocab_size, n_positions=c.block_size, n_embd=c.n_embd, n_layer=c.n_layer,
         n_head=c.n_head, activation_function='gelu_new', layer_norm_epsilon=1e-5,
@@ -90,4 +97,28 @@ def save_hf(model, path):
             assert k.endswith('bias') and not c.bias, f"no weights for HF's {k}"
             sd[k] = torch.zeros_like(v)
     hf.load_state_dict(sd)
-    hf.save_pretrained(path)
+    # Only GPT-2's exact vocabulary gets its tokenizer: a smaller one (a char-level model) is
+    # another tokenizer, and ids past 50257 would be text the tokenizer cannot decode. (A
+    # checkpoint padded to 50304 is loaded trimmed to 50257, so sample.py and HF's generate
+    # choose among the same ids.)
+    note = None
+    if c.vocab_size != tokenizer.VOCAB_SIZE:
+        note = f"vocab_size {c.vocab_size} is not GPT-2's {tokenizer.VOCAB_SIZE}"
+    os.makedirs(path, exist_ok=True)
+    # Written into a folder inside path, then moved in: a failure leaves the last export whole.
+    with tempfile.TemporaryDirectory(dir=path, prefix='.export-') as tmp:
+        hf.save_pretrained(tmp)
+        written = sorted(os.listdir(tmp))
+        if note is None:
+            try:
+                written += tokenizer.save_hf_tokenizer(tmp, c.block_size)
+            except (RuntimeError, ValueError) as e:  # no BPE files here, or altered ones
+                note = str(e)
+        written.sort()
+        for f in written:
+            os.replace(os.path.join(tmp, f), os.path.join(path, f))
+    if note is not None:  # a tokenizer left by an earlier export is not this model's
+        for f in tokenizer.HF_TOKENIZER_FILES:
+            if os.path.isfile(os.path.join(path, f)):
+                os.remove(os.path.join(path, f))
+    return written, note

