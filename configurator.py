@@ -214,14 +214,12 @@ def help_text(path):
     script, items = os.path.basename(path), knobs(path)
     column = min(26, 4 + max((len(f"{name} = {default}") for _, name, default, _ in items),
                              default=0))
-    out = [f"usage: python {script} [CONFIG.py ...] [--key=value ...]", '',
-           (ast.get_docstring(ast.parse(source)) or '').strip(), '',
-           textwrap.fill(
-               f"Arguments, applied in order: config files (plain Python assignments of the knobs "
-               f"below, as in configs/*.py) and --key=value overrides. Every value is checked "
-               f"against its knob's type and range (RULES in {script}): an unknown key or a bad "
-               f"value stops with one line, before anything runs.", 100), '',
-           "Knobs, with their defaults:"]
+    # the usage and the docstring's first line, the knobs (what --help is asked for), the rest
+    doc = (ast.get_docstring(ast.parse(source)) or '').strip().splitlines()
+    first = next((i for i, line in enumerate(doc) if not line or line[0] in ' $'), len(doc))
+    doc = ['\n'.join(doc[:first]), '\n'.join(doc[first:]).strip('\n')]  # (summary; the rest)
+    out = [f"usage: python {script} [CONFIG.py ...] [--key=value ...]", '', doc[0], '',
+           "Knobs, with their defaults (a config file or --key=value sets them):"]
     group = None
     for g, name, default, note in items:
         if g != group:
@@ -230,4 +228,9 @@ def help_text(path):
         note = note or ['']  # (its lines as the file breaks them)
         out.append((f"  {name} = {default}".ljust(column - 2) + '  ' + note[0]).rstrip())
         out += [' ' * column + line for line in note[1:]]
+    out += ['', doc[1], '', textwrap.fill(
+        f"Arguments, applied in order: config files (plain Python assignments of the knobs "
+        f"above, as in configs/*.py) and --key=value overrides. Every value is checked against "
+        f"its knob's type and range (RULES in {script}): an unknown key or a bad value stops "
+        f"with one line, before anything runs.", 100)]
     return '\n'.join(out)
