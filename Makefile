@@ -1,21 +1,32 @@
-# make demo: a virtual environment, the offline pydocs corpus, a few minutes of gpt_tiny on CPU, a sample.
-# make test: the test suite (CPU, gloo, offline).
+# make demo: a venv with the runtime set (requirements.txt), the offline pydocs corpus, a few
+#   minutes of gpt_tiny on CPU, a sample.
+# make test: adds the test set (requirements-dev.txt) to that venv; the test suite (CPU, gloo,
+#   offline). Both install the versions the tests passed with (constraints.txt);
+#   tests/smoke_torch211.sh runs the lowest versions requirements*.txt allow.
 PY := .venv/bin/python
+PIP_INSTALL := .venv/bin/pip install -q --disable-pip-version-check -c constraints.txt
 export OMP_NUM_THREADS ?= 2
 
-.venv/installed: requirements.txt
-	python3 -m venv .venv
-	.venv/bin/pip install -q --disable-pip-version-check -r requirements.txt
-	touch .venv/installed
+# A marker per set: `make demo` then `make test` installs only what the test set adds; a changed
+# requirements file or constraints.txt installs into the venv that is there (no rebuild).
+.venv/runtime: requirements.txt constraints.txt
+	test -x $(PY) || python3 -m venv .venv
+	$(PIP_INSTALL) -r requirements.txt
+	touch $@
 
-data/pydocs/train.bin: .venv/installed data/prepare.py
+.venv/dev: .venv/runtime requirements-dev.txt
+	$(PIP_INSTALL) -r requirements-dev.txt
+	touch $@
+
+# order-only: new package versions do not make a new corpus
+data/pydocs/train.bin: data/prepare.py | .venv/runtime
 	$(PY) data/prepare.py --dataset pydocs
 
-demo: .venv/installed data/pydocs/train.bin
+demo: .venv/runtime data/pydocs/train.bin
 	$(PY) train.py configs/gpt_tiny.py --device=cpu --init_from=auto
 	$(PY) sample.py --out_dir=out/tiny --start="The dictionary" --num_samples=1 --max_new_tokens=120
 
-test: .venv/installed
+test: .venv/dev
 	$(PY) -m pytest -q --durations=8 tests
 
 .PHONY: demo test

