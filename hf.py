@@ -39,6 +39,7 @@ def from_pretrained(name, **overrides):
     # 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl' (or another hub name) from the HF cache, else
     # from the hub (needs network once); or a transformers directory. A user mistake ends in one
     # line (configurator.die), within seconds: offline, transformers would retry for ~30 s.
+    need_transformers(f"init_from={name}")
     from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
     from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
     from transformers import GPT2LMHeadModel
@@ -68,6 +69,15 @@ def from_pretrained(name, **overrides):
         die(f"{name} is not a GPT-2 model ({e})")
 
 
+def need_transformers(what):
+    # transformers is of the interop set (requirements-dev.txt), not the runtime one
+    try:
+        import huggingface_hub, safetensors, transformers  # noqa: F401
+    except ImportError as e:
+        die(f"{what} needs transformers, huggingface_hub and safetensors ({oneline(e)}): "
+            f"pip install -c constraints.txt -r requirements-dev.txt")
+
+
 def offline(why, name):
     die(f"cannot load {name} from the Hugging Face hub (offline: {why}): connect once to cache "
         f"it, or set HF_HOME to a Hugging Face cache that has it")
@@ -80,7 +90,7 @@ def save_hf(model, path):
     # the files written, None or why there is no tokenizer). HF's GPT-2 always has biases: a
     # bias=False model exports zeros, which is the same network.
     import tempfile
-
+    need_transformers("--export_hf")
     from transformers import GPT2Config, GPT2LMHeadModel
     c = model.config
     eot = tokenizer.EOT if c.vocab_size > tokenizer.EOT else None  # if this vocab has it

@@ -108,6 +108,8 @@ if __name__ == '__main__':
 
     import ckpt
     import hf
+    if export_hf:
+        hf.need_transformers('--export_hf')  # before any work
 
     if device == 'auto':
         device = 'cuda' if torch.cuda.is_available() else 'cpu'

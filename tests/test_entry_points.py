@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from make_ckpt import make_checkpoint
 from trainer import ROOT, TINY, make_dataset, train_command
 
 
@@ -57,6 +58,27 @@ def test_gpt2_offline_fails_fast_in_one_line(tmp_path, script, how):
     assert ('HF_HUB_OFFLINE' if how == 'HF_HUB_OFFLINE' else '127.0.0.1:9') in line
     assert 'connect once' in line
     assert not out.exists() or not any(out.glob('ckpt_*'))
+
+
+@pytest.mark.parametrize('script', ['sample.py', 'train.py'])
+def test_without_transformers_gpt2_and_export_say_what_to_install(tmp_path, script):
+    # The runtime set (requirements.txt) has no transformers: a package of that name that fails
+    # to import stands in for its absence
+    make_dataset(str(tmp_path))
+    make_checkpoint(str(tmp_path / 'out'), n_layer=1, n_head=1, n_embd=8, block_size=8,
+                    vocab_size=64)
+    (tmp_path / 'hidden' / 'transformers').mkdir(parents=True)
+    (tmp_path / 'hidden' / 'transformers' / '__init__.py').write_text(
+        "raise ImportError('No module named transformers')\n")
+    env = dict(no_hub(tmp_path, 'HF_HUB_OFFLINE'), PYTHONPATH=str(tmp_path / 'hidden'))
+    cmd = ([sys.executable, os.path.join(ROOT, 'sample.py')] if script == 'sample.py'
+           else train_command() + ['--dataset=synth', '--device=cpu', '--compile=False'])
+    for how in ['--init_from=gpt2'] + (['--export_hf=hf'] if script == 'sample.py' else []):
+        out = tmp_path / ('out' if script == 'sample.py' else 'fresh')
+        r = subprocess.run(cmd + [how, f'--out_dir={out}'], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=120)
+        line = mistake(r)
+        assert 'needs transformers' in line and 'requirements-dev.txt' in line, line
 
 
 @pytest.fixture
