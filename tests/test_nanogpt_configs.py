@@ -204,3 +204,29 @@ def test_eval_gpt2_evaluates_once_and_writes_no_checkpoint(work):
         x = torch.zeros(1, 65, dtype=torch.long)
         expected = hub['gpt2'](x, labels=x).loss.item()
     assert vals[0] == pytest.approx(expected, abs=1e-4)
+
+
+class RunsCode:  # a pickle that would run a command when loaded
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+@pytest.mark.parametrize('meta', ['gadget', 'no_vocab', 'garbage'])
+def test_a_bad_meta_pkl_is_one_line_and_runs_nothing(tmp_path, meta):
+    # meta.pkl is untrusted input: it is unpickled with no globals allowed
+    d = tmp_path / 'data' / 'chars'
+    d.mkdir(parents=True)
+    np.arange(200, dtype=np.uint16).tofile(d / 'train.bin')
+    np.arange(200, dtype=np.uint16).tofile(d / 'val.bin')
+    ran = tmp_path / 'ran'
+    (d / 'meta.pkl').write_bytes({'gadget': pickle.dumps({'vocab_size': 65, 'x': RunsCode(ran)}),
+                                  'no_vocab': pickle.dumps({'stoi': {}}),
+                                  'garbage': b'not a pickle'}[meta])
+    p = run_train(tmp_path, '--dataset=chars', *CPU, '--n_layer=1', '--n_head=1', '--n_embd=8',
+                  '--block_size=8', check=False, timeout=120)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and 'meta.pkl' in lines[0], p.stderr
+    assert not ran.exists() and not (tmp_path / 'out').exists()
