@@ -60,11 +60,23 @@ dcp_filesystem.pickle = types.SimpleNamespace(
 logging.getLogger().addFilter(lambda record: 'metadata is not found' not in record.getMessage())
 
 
+def first_failure(e):
+    # DCP's exception holds each rank's own: the first one
+    if isinstance(e, CheckpointException) and e.failures:
+        return next(iter(e.failures.values()))[0]
+    return e
+
+
 def why(e):
     # One line for an error of DCP's: the first rank's own exception, not the wrapper's traceback.
-    if isinstance(e, CheckpointException) and e.failures:
-        e = next(iter(e.failures.values()))[0]
-    return oneline(e)
+    return oneline(first_failure(e))
+
+
+def lost_peer(e):
+    # Whether e is a collective that failed because another rank is gone (killed, out of memory,
+    # its machine lost), rather than this rank's own trouble
+    e = first_failure(e)
+    return isinstance(e, dist.DistError) or bool(re.search(r'(closed|reset) by peer', str(e)))
 
 
 def checkpoints(out_dir):
@@ -93,6 +105,8 @@ def save(out_dir, step, model, optimizer, meta, keep_last):
                 f.flush()
                 os.fsync(f.fileno())
     except (Exception, CheckpointException) as e:  # a full disk, a quota: the last one is intact
+        if lost_peer(e):  # not this disk's fault: guard's excepthook says so, in one line
+            raise first_failure(e) from None
         last = checkpoints(out_dir)
         kept = (f"the last complete one, {last[-1]}, is intact" if last
                 else "no checkpoint was lost")

@@ -51,8 +51,15 @@ def die(msg):
             pass
         time.sleep(QUIET_WAIT)
         msg = f"rank {os.environ.get('RANK', '?')}: {msg}"
-    print(f"error: {msg}", file=sys.stderr, flush=True)
+    say(f"error: {msg}")
     sys.exit(2)
+
+
+def say(line):
+    # One write, newline included: torchrun's agent logs into the same pipe, and print's two
+    # writes (text, then end; unbuffered under PYTHONUNBUFFERED) let its lines land inside ours
+    sys.stderr.write(line + '\n')
+    sys.stderr.flush()
 
 
 def in_signal_handler():

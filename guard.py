@@ -9,7 +9,6 @@ import functools
 import json
 import os
 import pickle
-import re
 import shutil
 import signal
 import socket
@@ -24,8 +23,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ckpt import checkpoints
-from configurator import die
+from ckpt import checkpoints, lost_peer, why
+from configurator import die, say
 
 
 # -----------------------------------------------------------------------------
@@ -142,8 +141,8 @@ def append_row(path, row):
             f.write(json.dumps(row) + '\n')
     except OSError as e:
         if not _append_failed:
-            print(f"warning: cannot append to {path} ({e.strerror}); training goes on, the rows "
-                  f"are in the log lines", file=sys.stderr, flush=True)
+            say(f"warning: cannot append to {path} ({e.strerror}); training goes on, the rows "
+                f"are in the log lines")
         _append_failed.append(row['iter'])
 
 
@@ -340,11 +339,10 @@ def start_group(backend, rank, world_size, stall_timeout):
 def _lost_peer(default, rank, kind, e, tb):
     # A rank whose peer died (its machine gone, killed, out of memory) fails in the collective it
     # was in: one line for that, not a traceback from the middle of the backward
-    text = str(e)
-    if isinstance(e, dist.DistError) or re.search(r'(closed|reset) by peer', text):
-        print(f"error: rank {rank}: a collective failed, another rank is probably gone "
-              f"({text.splitlines()[0][:200]}); torchrun --max-restarts resumes from the last "
-              f"checkpoint, or use init_from=resume", file=sys.stderr, flush=True)
+    if lost_peer(e):
+        say(f"error: rank {rank}: a collective failed, another rank is probably gone "
+            f"({why(e)}); torchrun --max-restarts resumes from the last "
+            f"checkpoint, or use init_from=resume")
     else:
         default(kind, e, tb)
 
@@ -413,8 +411,8 @@ class Watchdog:
                 cause = f"{names} stopped answering"
             else:
                 cause = "every rank is alive but none finished its step (a hung device?)"
-            print(f"error: rank {self.rank}: no progress for {waited:.0f} s: {cause}; exiting so "
-                  f"that torchrun --max-restarts resumes from the last checkpoint (stall_timeout "
-                  f"sets the wait)", file=sys.stderr, flush=True)
+            say(f"error: rank {self.rank}: no progress for {waited:.0f} s: {cause}; exiting so "
+                f"that torchrun --max-restarts resumes from the last checkpoint (stall_timeout "
+                f"sets the wait)")
             sys.stdout.flush()
             os._exit(2)

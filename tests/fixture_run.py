@@ -2,6 +2,8 @@
 usage: python tests/fixture_run.py train.py [args...]; the faults come from environment variables:
   HETGPT_TEST_NAN_STEPS=3,4   gradients become NaN at these optimizer steps (counted from 0 in this process)
   HETGPT_TEST_SAVE_FAIL=2     the 2nd checkpoint save of this process fails as on a full disk
+  HETGPT_TEST_DIE_IN_SAVE=1:2  rank 1 dies (exit 1, as if killed) at the start of its 2nd checkpoint save, while
+                              the other ranks are in it
   HETGPT_TEST_SLOW_SAVE=0.5   seconds to wait after a checkpoint's data is written, before it is made visible
   HETGPT_TEST_CUDA_GROUP=1    the default process group laid out as train.py lays it out for CUDA, with
                               gloo in NCCL's place, serving only what NCCL serves (CUDA tensors): host
@@ -24,6 +26,7 @@ import torch.distributed.checkpoint as dcp
 nan_steps = {int(s) for s in os.environ.get('HETGPT_TEST_NAN_STEPS', '').split(',') if s}
 save_fail = int(os.environ.get('HETGPT_TEST_SAVE_FAIL', 0))
 slow_save = float(os.environ.get('HETGPT_TEST_SLOW_SAVE', 0))
+die_rank, _, die_save = os.environ.get('HETGPT_TEST_DIE_IN_SAVE', '').partition(':')
 calls = {'clip': 0, 'save': 0}
 real_clip, real_save = torch.nn.utils.clip_grad_norm_, dcp.save
 
@@ -40,6 +43,8 @@ def clip(parameters, *args, **kwargs):
 
 def save(*args, **kwargs):
     calls['save'] += 1
+    if die_rank == os.environ.get('RANK', '0') and calls['save'] == int(die_save):
+        os._exit(1)
     if calls['save'] == save_fail:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     result = real_save(*args, **kwargs)

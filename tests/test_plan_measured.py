@@ -90,6 +90,11 @@ POLICIES = {  # strategy, dtype -> (parameter dtype, autocast dtype), as train.p
     ('fsdp', 'bfloat16'): (torch.bfloat16, None)}
 
 
+def forget_the_optimizer():  # both are measured once from model.make_optimizer, then cached
+    costs.optimizer_updates_shards_alone.cache_clear()
+    costs.optimizer_state_bytes.cache_clear()
+
+
 def forget():  # the planner caches what it measured by shape; a variant has the same shape
     for cached in (costs._shapes, costs.saved_bytes, costs.model_flops):
         cached.cache_clear()
@@ -195,7 +200,7 @@ OPTIMIZERS = {
 def test_optimizer_state_follows_the_optimizer_train_py_builds(monkeypatch, name):
     if OPTIMIZERS[name]:
         monkeypatch.setattr(model, 'make_optimizer', OPTIMIZERS[name])
-    costs.optimizer_state_bytes.cache_clear()
+    forget_the_optimizer()
     try:
         # measured here: the state one real step leaves on a plain Linear
         layer = nn.Linear(48, 40)
@@ -210,7 +215,7 @@ def test_optimizer_state_follows_the_optimizer_train_py_builds(monkeypatch, name
         assert planner.estimate(CFG, 'ddp', 1, 1)['optim'] == pytest.approx(
             per_param * costs.counts(CFG)['total'], abs=1)
     finally:
-        costs.optimizer_state_bytes.cache_clear()
+        forget_the_optimizer()
     assert per_param == {'adamw': 8, 'sgd_momentum': 4, 'lion': 4, 'sgd_plain': 0}[name]
 
 
@@ -229,7 +234,7 @@ class OrthogonalSGD(torch.optim.Optimizer):  # Muon-like: the update of a matrix
 
 def test_a_whole_matrix_optimizer_is_never_sharded(monkeypatch):
     monkeypatch.setattr(model, 'make_optimizer', lambda params, *args: OrthogonalSGD(params))
-    costs.optimizer_updates_shards_alone.cache_clear()
+    forget_the_optimizer()
     try:
         assert not costs.optimizer_updates_shards_alone()
         ranks = [dict(device='cuda', gpu='A100-80GB', mem=80 * 2**30)] * 8
@@ -239,9 +244,10 @@ def test_a_whole_matrix_optimizer_is_never_sharded(monkeypatch):
             planner.make_plan(CFG, 64, ranks, plan='fsdp')
         assert e.value.code == 2
     finally:
-        costs.optimizer_updates_shards_alone.cache_clear()
+        forget_the_optimizer()  # (OrthogonalSGD's state, none, must not stay planned)
         monkeypatch.undo()
     assert costs.optimizer_updates_shards_alone()  # AdamW, as model.py has it
+    assert costs.optimizer_state_bytes() == 8
 
 
 def test_a_forward_the_trace_cannot_run_is_one_line(monkeypatch, capsys):

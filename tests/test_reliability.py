@@ -118,6 +118,20 @@ def test_full_disk_during_a_save_keeps_the_last_checkpoint(work):
     same_as_straight(work, 'full')
 
 
+def test_a_rank_lost_during_a_save_is_named_as_such_and_the_last_checkpoint_kept(work):
+    # Rank 1 dies as the 2nd save (iter 4) begins; rank 0, inside DCP's collectives, must not blame
+    # its disk ("free space") for a peer that is gone
+    p = run_train(work, *RUN, '--out_dir=lost', nproc=2, check=False, faults=True,
+                  env={'HETGPT_TEST_DIE_IN_SAVE': '1:2'})
+    assert p.returncode != 0
+    errors = [line for line in p.stderr.splitlines() if line.startswith('error:')]
+    assert len(errors) == 1 and errors[0].startswith(
+        'error: rank 0: a collective failed, another rank is probably gone'), p.stderr[-3000:]
+    assert latest_checkpoint(work / 'lost').endswith('ckpt_00000002')
+    run_train(work, *RUN, '--out_dir=lost', '--init_from=resume')
+    same_as_straight(work, 'lost', tol=1e-5)
+
+
 @pytest.mark.parametrize('world', [1, 3])
 def test_checkpoint_from_two_ranks_resumes_on_another_world_size(work, world):
     out = f'elastic_{world}'
