@@ -8,6 +8,7 @@
 # Every other package is at the LOWEST version requirements*.txt allow (each ">=" bound), so the
 # bottom of the ranges is tested here and the top (constraints.txt) by `make test`.
 #   bash tests/smoke_torch211.sh        (SMOKE_KEEP=1 keeps its temporary directory)
+#   bash tests/smoke_torch211.sh --venv-only   builds the venv and stops (.ci/run: during the tests)
 # The index has no CPU build of 2.11: pip takes the CUDA one (~4.7 GB with nvidia-*, triton), which
 # runs on CPU. The venv .venv-torch211 is kept and reused while its marker matches SPEC.
 set -euo pipefail
@@ -45,6 +46,7 @@ version=$("$PY" -c 'import torch; print(torch.__version__)') ||
 [[ $version == 2.11.* ]] || { rm -f $VENV/installed; fail "$VENV has torch $version, not 2.11"; }
 echo "torch $version ($PY), venv ready in ${T_INSTALL}s"
 echo "installed: $SPEC"
+[[ ${1:-} == --venv-only ]] && exit 0
 
 # -- the run, in a temporary directory ------------------------------------------------------------
 T_RUN=$(now)
