@@ -432,19 +432,21 @@ def _advice(cfg, batch, ranks, plan, mbs, dtype, inter_node_bw, results):
             nodes = len({r['node'] for r in grown})
             ways.append(' + '.join(f"{c}×{g}" for g, c in kinds.items())
                         + f" ({nodes} node(s), same host memory per node)")
-    for s in tried:  # the states fit but not one sequence: the longest block_size that would
+    for s in tried:  # the states fit but not one micro-batch: the longest block_size that would,
+        # a power of two (found by bisection: each size tried is one more measurement of the net)
         r = next(r for r in results if r['strategy'] == s)
         if r['host_ok'] and not r['device_ok']:
-            ok = lambda t: _evaluate(replace(cfg, block_size=t), 1, ranks, s, 0, dtype,
-                                     inter_node_bw)['device_ok']
-            lo, hi = 0, cfg.block_size
+            ok = lambda t: _evaluate(replace(cfg, block_size=t), max(1, mbs) * len(ranks), ranks,
+                                     s, mbs, dtype, inter_node_bw)['device_ok']
+            sizes = [2**k for k in range(cfg.block_size.bit_length()) if 2**k < cfg.block_size]
+            lo, hi = -1, len(sizes)  # sizes[lo] fits (-1: none), sizes[hi] does not
             while hi - lo > 1:
                 mid = (lo + hi) // 2
-                lo, hi = (mid, hi) if ok(mid) else (lo, mid)
-            if lo > 0 and lo > needs.get('block_size', 0):
-                needs['block_size'] = lo
-                ways.append(f"block_size <= {lo} ({s})")
-    text = f"{why}." + (" Would fit with: " + '; or '.join(ways) if ways else '')
+                lo, hi = (mid, hi) if ok(sizes[mid]) else (lo, mid)
+            if lo >= 0 and sizes[lo] > needs.get('block_size', 0):
+                needs['block_size'] = sizes[lo]
+                ways.append(f"block_size <= {sizes[lo]} ({s})")
+    text = f"{why}." + (" Would fit with: " + '; or '.join(ways) + '.' if ways else '')
     return text, needs
 
 

@@ -182,8 +182,8 @@ if model_args.block_size < block_size:
 if device_type == 'cuda':  # NCCL makes its buffers at its first collective: this_rank measures them
     dist.all_reduce(torch.zeros(1, device=device))
 me = hardware.this_rank(device_type, rank, local_world, hardware.stated_memory(local_rank))
-ranks = gather(me)
-machines = gather(guard.machine())  # who is in the run (torchrun's elastic agents come and go)
+# with who is in the run (its machines: torchrun's elastic agents come and go)
+ranks, machines = (list(x) for x in zip(*gather((me, guard.machine()))))
 run_plan = planner.make_plan(
     model_args, batch_size, ranks, plan=plan, micro_batch_size=micro_batch_size,
     memory_fraction=memory_fraction, dtype=dtype, weights=weights,

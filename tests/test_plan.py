@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 import time
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
@@ -163,7 +163,15 @@ def test_forced_micro_batch_size():
     cfg, batch = load('gpt_111m')
     p = planner.make_plan(cfg, batch, cluster('H200', 1), micro_batch_size=8)
     assert p.fits and p.micro_batch == [8] and p.accum == [15]
-    assert not planner.make_plan(cfg, 480, cluster('H200', 1), plan='ddp', micro_batch_size=480).fits
+    p = planner.make_plan(cfg, 480, cluster('H200', 1), plan='ddp', micro_batch_size=480)
+    assert not p.fits
+    # its advice: the longest power-of-two block_size at which that micro-batch fits (not the one
+    # at which a single sequence would: 2047, when it was searched at micro-batch 1)
+    t = p.needs['block_size']
+    assert t & (t - 1) == 0 and f'block_size <= {t} (ddp)' in p.advice, p.advice
+    at = lambda size: planner.make_plan(replace(cfg, block_size=size), 480, cluster('H200', 1),
+                                        plan='ddp', micro_batch_size=480).fits
+    assert at(t) and (2 * t == cfg.block_size or not at(2 * t))
 
 
 def test_gpu_names_and_peaks():
