@@ -1,18 +1,21 @@
 """
 costs.py: what a step of the model as built costs, measured rather than assumed: parameter counts
 (the model on the meta device), the bytes autograd saves for backward and the FLOPs of a block and
-of the rest (one forward and backward on fake tensors), and the optimizer's state (one step of the
-optimizer train.py builds). A researcher's edit to model.py (another MLP, attention, positions,
-normalisation or optimizer) is planned right as is. No memory is allocated; results are cached by
-shape, so a 175B config is measured in seconds.
+of the rest (one forward and backward on fake tensors), the bytes a block's backward holds beyond
+them, and the optimizer's state (one step of the optimizer train.py builds). A researcher's edit
+to model.py (another MLP, attention, positions, normalisation or optimizer) is planned right as
+is. No memory is allocated; results are cached by shape, so a 175B config is measured in seconds.
 """
 import functools
+import itertools
 import math
 import weakref
 from dataclasses import replace
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 import model as network  # looked up at call time: a test may swap in a variant of a module
 from configurator import die, oneline
@@ -101,6 +104,82 @@ def saved_bytes(config_items, param_dtype, autocast_dtype):
                 rest_fixed=fixed['rest'], block_input=y[:1].numel() * y.element_size())
 
 
+class _LiveBytes(TorchDispatchMode):
+    # The bytes of the storages alive after each op (each storage once; those of `exclude`, and
+    # any made before this mode, left out). An op's inputs are still referenced when its outputs
+    # are counted: they do coexist.
+    def __init__(self, exclude):
+        super().__init__()
+        self.exclude, self.live, self.trace = exclude, {}, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                ref = StorageWeakRef(t.untyped_storage())
+                if ref not in self.exclude:
+                    self.live[ref] = t.untyped_storage().nbytes()
+        self.trace.append(self.now())
+        return out
+
+    def now(self):
+        self.live = {ref: n for ref, n in self.live.items() if not ref.expired()}
+        return sum(self.live.values())
+
+
+@functools.lru_cache(maxsize=None)
+def backward_bytes(config_items, param_dtype, autocast_dtype):
+    # The working set of one block's backward, which saved bytes do not show: the live bytes while
+    # it runs (the incoming gradient, the gradients of the wide intermediates beside the saved
+    # tensors not yet freed, a weight gradient before it is added to its .grad) above the saved
+    # bytes it starts from; plain, and checkpointed as train.py applies it (its recompute
+    # included). Measured on fake tensors under the dtype policy of saved_bytes, after each op,
+    # for micro-batches of 1 and 2: each op's bytes are affine in the micro-batch, and which op
+    # peaks depends on it (a fixed weight gradient at 1 sequence, an activation's at 8), so this
+    # gives the lines (per sequence, fixed) whose maximum is the peak at any micro-batch. Cached
+    # by shape. The parameters' .grad exist before (DDP's buckets, accumulation): they are the
+    # model states' grads, not counted here.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.checkpoint import checkpoint
+    cfg = GPTConfig(**dict(config_items))
+    default = torch.get_default_dtype()
+    found = {}
+    with FakeTensorMode():
+        torch.set_default_dtype(param_dtype)
+        try:
+            block = network.Block(cfg)
+        finally:
+            torch.set_default_dtype(default)
+        for p in block.parameters():
+            p.grad = torch.zeros_like(p)
+        runs = dict(plain=block, ac=functools.partial(checkpoint, block, use_reentrant=False))
+        stream = param_dtype if autocast_dtype is None else torch.float32
+        for (name, run), b in itertools.product(runs.items(), (1, 2)):
+            x = torch.empty(b, cfg.block_size, cfg.n_embd, dtype=stream, requires_grad=True)
+            # (x is the block input that the layer below made and checkpointing keeps; the output
+            # is the next block's input: both counted elsewhere.) train.py's autocast: no cache.
+            mine = [x] + [t for p in block.parameters() for t in (p, p.grad)]
+            live = _LiveBytes({StorageWeakRef(t.untyped_storage()) for t in mine})
+            with live:
+                with torch.autocast('cpu', dtype=autocast_dtype, cache_enabled=False,
+                                    enabled=autocast_dtype is not None):
+                    y = run(x)
+                live.exclude.add(StorageWeakRef(y.untyped_storage()))
+                start, live.trace = live.now(), []
+                y.backward(torch.empty_like(y))
+            found[name, b] = [n - start for n in live.trace]
+            del x, y, live
+    lines = {}
+    for name in runs:
+        one, two = found[name, 1], found[name, 2]
+        if len(one) != len(two):  # not the same ops at both sizes: the peaks' line alone
+            one, two = [max(one)], [max(two)]
+        pairs = {(y - x, 2 * x - y) for x, y in zip(one, two)}
+        lines[name] = tuple(sorted(p for p in pairs if not any(
+            q != p and q[0] >= p[0] and q[1] >= p[1] for q in pairs)))
+    return lines
+
+
 def _measured(measure, *args):
     # What cannot be measured cannot be planned: say so in one line.
     try:
@@ -111,24 +190,28 @@ def _measured(measure, *args):
 
 
 def activation_bytes(model_config, strategy, dtype):
-    # saved_bytes for this config under the dtype policy train.py uses with this strategy: FSDP2's
-    # 16-bit parameters, or DDP's float32 ones under autocast.
+    # saved_bytes, and backward_bytes as 'backward', for this config under the dtype policy
+    # train.py uses with this strategy: FSDP2's 16-bit parameters, or DDP's float32 ones under
+    # autocast.
     dtype = str(dtype).replace('torch.', '')
     half = {'bfloat16': torch.bfloat16, 'float16': torch.float16}.get(dtype)
     policy = (torch.float32, None) if half is None else (half, None) \
         if strategy.startswith('fsdp') else (torch.float32, half)
-    return _measured(saved_bytes, tuple(sorted(vars(_config(model_config)).items())), *policy)
+    items = tuple(sorted(vars(_config(model_config)).items()))
+    return dict(_measured(saved_bytes, items, *policy),
+                backward=_measured(backward_bytes, items, *policy))
 
 
 @functools.lru_cache(maxsize=None)
 def optimizer_state_bytes():
-    # Optimizer state per parameter (AdamW: 8), measured: one step of model.make_optimizer, the
-    # optimizer train.py builds, on a small model; scalars such as AdamW's step count are left out.
-    torch.manual_seed(0)
-    net = network.GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=8, vocab_size=64))
+    # Optimizer state per parameter (AdamW: 8), measured: one training step with
+    # model.make_optimizer, the optimizer train.py builds, on a small model; scalars such as
+    # AdamW's step count are left out. (The step also loads what any step loads: torch's lazily
+    # imported modules, autograd's and the kernels' first buffers.)
+    net = network.GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=8, vocab_size=64), 0)
     optimizer = network.make_optimizer(net.parameters())
-    for p in net.parameters():
-        p.grad = torch.randn_like(p)
+    idx = torch.arange(16).view(2, 8) % 64
+    net(idx, idx)[1].backward()
     optimizer.step()
     state = [t for st in optimizer.state.values() for t in st.values()
              if torch.is_tensor(t) and t.numel() > 1]

@@ -2,6 +2,7 @@
 hardware.py: what the devices are. A table of NVIDIA GPUs (memory, dense TFLOPS by dtype, memory
 and link bandwidths), the name torch reports mapped to it, and what a running rank has.
 """
+import ctypes
 import math
 import os
 import re
@@ -113,6 +114,15 @@ def peak_rss():
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
+def rss():
+    # This process's resident bytes now; None where /proc cannot tell
+    try:
+        with open('/proc/self/status') as f:
+            return int(re.search(r'VmRSS:\s+(\d+) kB', f.read()).group(1)) * 1024
+    except (OSError, AttributeError):
+        return None
+
+
 def reset_peak_rss():
     # Linux (since 4.0) resets a process's peak RSS to its current RSS; True if it did
     try:
@@ -123,29 +133,81 @@ def reset_peak_rss():
         return False
 
 
+def _stated_gib(name, local_rank, per_rank):
+    # The one reader of the HETGPT_*_GIB variables: GiB > 0 and finite (nan and inf fail), as
+    # bytes; None when unset. per_rank: one number for every local rank or one per local rank.
+    text = os.environ.get(name, '')
+    if not text:
+        return None
+    try:
+        gib = [float(x) for x in text.split(',')]
+        assert all(0 < x < math.inf for x in gib)
+        assert len(gib) == 1 or (per_rank and len(gib) > local_rank)
+    except (ValueError, AssertionError):
+        die(f"{name}={text}: give GiB > 0, " + (
+            f"one number or one per local rank (this is local rank {local_rank})" if per_rank
+            else "one number: this node's host memory"))
+    return int(gib[local_rank if len(gib) > 1 else 0] * 2**30)
+
+
+def return_freed_host_memory():
+    # The planner predicts live bytes; the probe step and the metrics read the host's RSS. glibc
+    # keeps a freed block below its mmap threshold in the heap for reuse, and raises that threshold
+    # to each larger block freed (up to 32 MiB): a CPU step's freed tensors stay resident, and its
+    # peak RSS reaches up to 1.8× the live bytes. A fixed 64 KiB threshold (as the environment's
+    # MALLOC_MMAP_THRESHOLD_=65536) gives each larger block its own mmap, returned to the OS when
+    # freed. Its cost, measured (bench/host_allocator.py, 1 thread), CPU time per step: float32
+    # eager 1.46× at gpt_tiny's 4×128 (its loss's 13 MB chunk buffers are fresh pages each time)
+    # and 1.18× at 4×256, bfloat16 compiled 1.25× and 1.10×: the kernel zeroing fresh pages.
+    # With 1 MiB the peak RSS was 5% over the planner's prediction at micro-batch 2
+    # (tests/peak_step.py), with 16 MiB up to 33%. Call it before the big allocations. True if
+    # set; False where the C library has no mallopt (musl's does nothing; macOS, Windows).
+    try:
+        return ctypes.CDLL(None).mallopt(-3, 65536) == 1  # M_MMAP_THRESHOLD, bytes
+    except (AttributeError, OSError, TypeError):
+        return False
+
+
 def stated_memory(local_rank):
     # HETGPT_MEM_GIB: the most memory a rank may take, in GiB, its CUDA context included (a GPU
     # shared with another job; tests make CPU ranks differ with it): one number for every rank of
     # this machine, or one per local rank ('20,80'). Unset: the whole device (a CPU rank: its share
     # of the host's).
-    text = os.environ.get('HETGPT_MEM_GIB', '')
-    if not text:
-        return None
-    try:
-        gib = [float(x) for x in text.split(',')]
-        assert all(0 < x < math.inf for x in gib) and (len(gib) == 1 or len(gib) > local_rank)
-    except (ValueError, AssertionError):
-        die(f"HETGPT_MEM_GIB={text}: give GiB > 0, one number or one per local rank (this is "
-            f"local rank {local_rank})")
-    return int(gib[local_rank if len(gib) > 1 else 0] * 2**30)
+    return _stated_gib('HETGPT_MEM_GIB', local_rank, per_rank=True)
 
 
-def peak_memory(device_type):
-    # GiB at the peak so far: (allocated, reserved) on the GPU, and the host's RSS (on a CPU, all 3)
+def stated_host_memory():
+    # HETGPT_HOST_MEM_GIB: this node's host memory in GiB, for the planner's host checks (offload,
+    # where weights are first made) instead of MemAvailable: a host whose MemAvailable reads far
+    # below what it can give (a microVM that grows with use), or a share of a host kept for others.
+    return _stated_gib('HETGPT_HOST_MEM_GIB', 0, per_rank=False)
+
+
+def reset_peaks(device_type):
+    # From here peak_memory reads the peaks since this call: the allocator's on CUDA (its cache
+    # emptied first, so that reserved bytes are this work's), and the host's RSS where Linux
+    # allows it. Returns whether the host's was reset (else it is the peak of the whole process).
+    if device_type == 'cuda':
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    return reset_peak_rss()
+
+
+def peak_memory(device_type, host_reset=True):
+    # GiB at the peak since reset_peaks: (allocated, reserved) on the GPU, and the host's RSS (on a
+    # CPU, all 3); the host's is None on CUDA when it could not be reset (a peak of another time)
     host = peak_rss() / 2**30
     if device_type != 'cuda':
         return host, host, host
-    return torch.cuda.max_memory_allocated() / 2**30, torch.cuda.max_memory_reserved() / 2**30, host
+    return (torch.cuda.max_memory_allocated() / 2**30, torch.cuda.max_memory_reserved() / 2**30,
+            host if host_reset else None)
+
+
+def outside_allocator():
+    # Bytes in use on this GPU but not in PyTorch's allocator: the CUDA context, cuBLAS's
+    # workspaces and loaded kernels, NCCL's buffers (and any other process's)
+    free, total = torch.cuda.mem_get_info()
+    return total - free - torch.cuda.memory_reserved()
 
 
 # The default process group's backend, by the device type train.py runs on. Under CUDA one group has
@@ -159,17 +221,21 @@ def this_rank(device_type, rank, local_world, stated=None):
     # node's host memory. A GPU rank calls it after its first collective on the device: the memory
     # in use then but not in PyTorch's allocator (CUDA context, NCCL's buffers, other processes) is
     # its measured overhead.
-    host = host_memory_available()
+    # (host_from: where the host figure came from, for the plan's table)
+    host = stated_host_memory()
+    host, host_from = (host, 'stated (HETGPT_HOST_MEM_GIB)') if host else (
+        host_memory_available(), 'available now (/proc/meminfo MemAvailable)')
     if device_type != 'cuda':
-        return dict(device='cpu', node=rank // local_world, host_mem=host, gpu=None,
-                    mem=stated or host // local_world, overhead=None)
+        # (its overhead: the process before the model, torch and the group loaded, as it is now)
+        return dict(device='cpu', node=rank // local_world, host_mem=host, host_from=host_from,
+                    gpu=None, mem=stated or host // local_world, overhead=rss())
     free, total = torch.cuda.mem_get_info()
     if stated and stated > total:
         die(f"HETGPT_MEM_GIB states {stated / 2**30:.1f} GiB for rank {rank}, whose GPU has "
             f"{total / 2**30:.1f} GiB: state at most that")
     # (Stated, the memory in use now may be the other job's: the planner's estimate of this
     # rank's own overhead then counts against what it may use.)
-    return dict(device='cuda', node=rank // local_world, host_mem=host,
+    return dict(device='cuda', node=rank // local_world, host_mem=host, host_from=host_from,
                 gpu=gpu_key(torch.cuda.get_device_name()), mem=stated or total,
                 overhead=None if stated else total - free - torch.cuda.memory_reserved())
 

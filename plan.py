@@ -100,17 +100,19 @@ def estimate(model_config, strategy, micro_batch, world_size, dtype='bfloat16', 
     rows, group = LOSS_CHUNK[device]  # (the planner's ranks are 'cuda' or 'cpu')
     tokens = b * s
     logits = max(min(rows, tokens) * V * (cb + 12) + min(group, tokens) * V * cb, 4 * V * h)
-    # Activations: what autograd saves, measured per sequence (saved_bytes). Per-block
-    # checkpointing keeps each block's input and recomputes one block at a time in the backward,
-    # after the loss's working set is gone.
-    saved = b * a['rest'] + a['rest_fixed']
-    if f['ac']:
-        activations = L * b * a['block_input'] + saved + max(b * a['block'], logits)
-    else:
-        activations = L * b * a['block'] + saved + logits
+    # Activations: what autograd saves, measured per sequence (saved_bytes), kept by every block
+    # (under per-block checkpointing: each block's input), and at the peak either the loss's
+    # working set with the rest's saved bytes, or later the working set of the top block's
+    # backward (backward_bytes: beside its saved tensors, or all of them recomputed under
+    # checkpointing, the gradients of its wide intermediates) with the one saved tensor of the
+    # loss that outlives its backward: its float32 gradient of the head, now the tied weight's.
+    kept = L * b * (a['block_input'] if f['ac'] else a['block'])
+    backward = max(b * per + fixed for per, fixed in a['backward']['ac' if f['ac'] else 'plain'])
+    activations = kept + max(b * a['rest'] + a['rest_fixed'] + logits, a['rest_fixed'] + backward)
     if not f['shard']:
-        # autocast's 16-bit copies of the weights, saved for backward (the live block's under AC)
-        buffers = a['block_fixed'] * (1 if f['ac'] else L)
+        # autocast's 16-bit copies of the weights, saved for backward (under AC: made again by the
+        # recompute, in its working set; train.py's autocast keeps no cache of them)
+        buffers = 0 if f['ac'] else a['block_fixed'] * L
     else:
         # FSDP2 buffers: the root group is never resharded after forward, and the tied
         # wte/lm_head gradient lives through the whole backward (params + grads unsharded); the
@@ -172,11 +174,13 @@ class Plan:
     def accum(self):
         return [len(m) for m in self.micro_batches]
 
-    def room(self, r):
+    def room(self, r, overhead=None):
         # Bytes rank r's probe step may peak at, as its allocator counts (a GPU's CUDA context and
-        # NCCL buffers are outside it) or its host's RSS does (all of the process)
+        # NCCL buffers are outside it: overhead, measured, else as planned) or its host's RSS does
+        # (all of the process)
         x = self.ranks[r]
-        return x['mem'] * x['fraction'] - (x['overhead'] if x['device'] == 'cuda' else 0)
+        outside = x['overhead'] if overhead is None else overhead
+        return x['mem'] * x['fraction'] - (outside if x['device'] == 'cuda' else 0)
 
     def table(self, measured=None):
         g = lambda x: '-' if x is None else f"{x / GiB:.1f}"
@@ -201,6 +205,7 @@ class Plan:
             if measured and i < len(measured) and measured[i]:
                 out.append(f"{'':>44} meas" + ''.join(f"{g(measured[i].get(k)):>8}" for k in parts)
                            + f"{'':>8}{g(measured[i].get('host')):>10}")
+        out.append(host_line(self.ranks))
         if self.step_time:
             out.append(f"predicted: step {self.step_time:.3g} s, "
                        f"{self.tokens_per_sec:,.0f} tokens/s"
@@ -212,6 +217,22 @@ class Plan:
         if self.advice:
             out.append(('advice: ' if not self.fits else 'note: ') + self.advice)
         return '\n'.join(out)
+
+
+def host_line(ranks):
+    # The host memory each node was planned with and where the figure came from (a rank's
+    # host_from: stated, MemAvailable, --host_mem; else given by the caller). A node's figure is its
+    # smallest rank's: ranks read MemAvailable at different moments, and the planner checks each.
+    least = {}
+    for r in ranks:
+        x = r['host_mem'] if r['host_mem'] is not None else math.inf
+        if x <= least.get(r['node'], (math.inf,))[0]:
+            least[r['node']] = (x, r.get('host_from') or 'given')
+    said = {n: f"{x / GiB:,.{0 if x >= 10 * GiB else 1}f} GiB, {how}" if x < math.inf
+            else 'not checked' for n, (x, how) in sorted(least.items())}
+    if len(set(said.values())) == 1:
+        return 'host memory: ' + next(iter(said.values())).replace(' GiB,', ' GiB per node,')
+    return 'host memory per node: ' + '; '.join(f"{n}: {text}" for n, text in said.items())
 
 
 def _dev(rank):
@@ -566,8 +587,10 @@ def _cluster(gpus, nodes, host_mem):
     nodes = nodes or math.ceil(len(kinds) / 8)
     per = math.ceil(len(kinds) / nodes)
     host = host_mem * GiB if host_mem else None
-    return [dict(device='cuda', gpu=g, node=i // per, host_mem=host) if g != 'cpu' else
-            dict(device='cpu', gpu=None, node=i // per, host_mem=host, mem=host and host // per)
+    host_from = 'given (--host_mem)' if host else None
+    return [dict(device='cuda', gpu=g, node=i // per, host_mem=host, host_from=host_from)
+            if g != 'cpu' else dict(device='cpu', gpu=None, node=i // per, host_mem=host,
+                                    host_from=host_from, mem=host and host // per)
             for i, g in enumerate(kinds)]
 
 

@@ -1,7 +1,8 @@
 """
 Peak memory of one real training step on the CPU against the planner's prediction, for
-tests/test_plan_measured.py. Run in a fresh process, with MALLOC_MMAP_THRESHOLD_=65536 so that
-freed tensors go back to the OS and the resident set follows the live tensors.
+tests/test_plan_measured.py. Run in a fresh process, which sets glibc's allocator as train.py does
+(hardware.return_freed_host_memory: freed tensors go back to the OS, so that the resident set
+follows the live tensors).
 usage: python tests/peak_step.py STRATEGY MICRO_BATCH VARIANT  (prints predicted, measured bytes)
 """
 import functools
@@ -14,10 +15,13 @@ from torch.utils.checkpoint import checkpoint
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hardware  # noqa: E402
 import model  # noqa: E402
 import plan  # noqa: E402
 from test_plan_measured import VARIANTS  # noqa: E402
 
+if not hardware.return_freed_host_memory():
+    sys.exit("peak_step.py: no glibc mallopt here: the resident set would not follow live bytes")
 strategy, b, variant = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 for name, cls in VARIANTS[variant].items():
     setattr(model, name, cls)
