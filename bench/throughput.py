@@ -12,10 +12,12 @@ Options of its own: --steps (default 10), --warmup (default 3), --nproc (torchru
 --record (append a row to bench/RESULTS.md). Everything else goes to train.py.
 bench/gpu_check.py calls measure() directly.
 """
+import contextlib
 import datetime
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -48,31 +50,42 @@ def measure(train_args, steps=10, warmup=3, nproc=1, timeout=None, log_path=None
             '--eval_interval=1000000', '--eval_iters=1', '--checkpoint_interval=0', '--init_from=scratch']
         threads = os.environ.get('OMP_NUM_THREADS', str(max(1, os.cpu_count() // nproc)))
         env = dict(os.environ, OMP_NUM_THREADS=threads)
+        # its own session: at the time limit the whole group goes (torchrun's ranks, inductor's
+        # compile workers), not only the process started here; so it does on a Ctrl-C or SIGTERM
+        # (SystemExit) to the caller, since the group no longer hears the terminal's
+        p = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True)
         try:
-            p = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
-            out, err, failed = p.stdout, p.stderr, p.returncode and f"exit code {p.returncode}"
-        except subprocess.TimeoutExpired as e:
-            text = lambda b: b.decode(errors='replace') if isinstance(b, bytes) else (b or '')
-            out, err, failed = text(e.stdout), text(e.stderr), f"timed out after {timeout:.0f} s"
+            out, err = p.communicate(timeout=timeout)
+            failed = p.returncode and f"exit code {p.returncode}"
+        except BaseException as e:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            if not isinstance(e, subprocess.TimeoutExpired):
+                raise
+            out, err = p.communicate()
+            failed = f"timed out after {timeout:.0f} s"
         if log_path:
             with open(log_path, 'w') as f:
                 f.write(' '.join(cmd) + '\n' + out + '\n--- stderr\n' + err)
         metrics = os.path.join(work, 'out', 'metrics.jsonl')
         rows = [json.loads(line) for line in open(metrics)] if os.path.exists(metrics) else []
     wall = time.time() - t0
-    if failed:
-        return dict(error=failed, tail=(out[-1500:] + '\n' + err[-2500:]).strip(), wall=wall)
     plan = next((r for r in rows if 'plan' in r), {})
     steps_rows = [r for r in rows if 'tokens_per_sec' in r and r['iter'] > warmup]
+    if failed or not steps_rows:
+        return dict(error=failed or f"no step logged after {warmup} of warm-up",
+                    tail=(out[-1500:] + '\n' + err[-2500:]).strip(), wall=wall)
     lines = out.splitlines()  # the planner's table: predicted and measured memory per rank
     start = next((i for i, line in enumerate(lines) if line.startswith('plan:')), 0)
     end = next((i + 1 for i, line in enumerate(lines) if line.startswith('candidates:')), start)
     mfus = [r['mfu'] for r in steps_rows if r.get('mfu')]
+    # a peak the run could not measure is null in its rows (the host's on CUDA without a reset)
+    peak = lambda key: max((r[key] for r in steps_rows if r.get(key) is not None), default=None)
     return dict(tokens_per_sec=statistics.median(r['tokens_per_sec'] for r in steps_rows),
                 mfu=statistics.median(mfus) if mfus else None,
-                mem_gib=max(r.get('mem_gib', 0) for r in steps_rows),
-                reserved_gib=max(r.get('reserved_gib', 0) for r in steps_rows),
-                host_gib=max(r.get('host_gib', 0) for r in steps_rows),
+                mem_gib=peak('mem_gib'), reserved_gib=peak('reserved_gib'), host_gib=peak('host_gib'),
+                mem_per_step=[r.get('mem_gib') for r in steps_rows],
                 steps=len(steps_rows), plan=plan, table='\n'.join(lines[start:end]), wall=wall)
 
 

@@ -1,5 +1,7 @@
-"""bench/gpu_check.sh --dry-run: the GPU check's sequence and summary on CPU, so that a script error
-shows here and never on the GPU host's scarce minutes."""
+"""bench/gpu_check.sh --dry-run: the GPU check's sequence, files and summary on CPU, so that a script
+error shows here and never on the GPU host's scarce minutes; and a run that fails is marked so in
+every place its row is copied, the rows before it kept."""
+import json
 import os
 import re
 import subprocess
@@ -7,37 +9,103 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+ROW = re.compile(r'^\| ([^|]+?) \| (.*) \|$', re.M)
 
 
-def test_gpu_check_dry_run_walks_every_check_and_writes_the_summary(tmp_path):
-    env = dict(os.environ, OUT=str(tmp_path), PY=sys.executable, OMP_NUM_THREADS='2')
-    p = subprocess.run(['bash', 'bench/gpu_check.sh', '--dry-run'], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=600)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    summary = (tmp_path / 'gpu_check.md').read_text()
-    rows = {m.group(1): m.group(2).split(' | ') for m in re.finditer(r'^\| ([^|]+?) \| (.*) \|$', summary, re.M)}
-    for label in ['124M compile', '1.3B compile', 'largest: gpt_1p3b.py', 'offload']:
-        assert label in rows, summary
-    for strategy in ('ddp', 'ddp+ac', 'fsdp'):  # each memory run ran the strategy and micro-batch asked for
-        for mb in (2, 4, 8):
-            plan, micro_batch = rows[f'mem {strategy} mb{mb}'][:2]
-            assert plan.strip() == strategy and micro_batch.strip() == str(mb), summary
-    assert rows['offload'][0].strip() == 'fsdp+offload'
-    assert 'failed' not in summary and 'skipped' not in summary
-    assert len(list((tmp_path / 'logs').glob('*.log'))) == 13  # every run's output kept
+def rows_of(text):
+    # the table's rows (not its header or rule): label -> cells
+    return [(m[1], m[2].split(' | ')) for m in ROW.finditer(text) if m[1] not in ('check', '---')]
+
+
+def dry_run(out, *args, env=None):
+    env = dict(os.environ, OUT=str(out), PY=sys.executable, OMP_NUM_THREADS='2', **(env or {}))
+    return subprocess.Popen(['bash', 'bench/gpu_check.sh', '--dry-run', *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def outputs(out):
+    assert sorted(p.name for p in out.iterdir()) == ['gpu_check.jsonl', 'gpu_check.log', 'gpu_check.md']
+    md = (out / 'gpu_check.md').read_text()
+    jsonl = [json.loads(line) for line in (out / 'gpu_check.jsonl').read_text().splitlines()]
+    return md, jsonl, (out / 'gpu_check.log').read_text()
+
+
+def agree(md_rows, jsonl):
+    # the .md rows and the .jsonl rows: the same runs in the same order, the same numbers
+    assert [label for label, _ in md_rows] == [r['label'] for r in jsonl]
+    for (label, cells), r in zip(md_rows, jsonl):
+        assert r['failed'] == ('error' in r) == cells[-1].startswith('**FAILED: '), (cells, r)
+        if r['failed']:
+            assert cells[-1].startswith(f"**FAILED: {r['error']}**")
+        else:
+            assert cells[0].strip() == r['plan']['plan'] and cells[1] == str(r['plan']['micro_batch'])
+            assert cells[2] == f"{r['tokens_per_sec']:,.0f}" and cells[7] == f"{r['mem_gib']:.1f} / {r['reserved_gib']:.1f}"
+
+
+def test_gpu_check_dry_run_walks_every_check_and_writes_three_files(tmp_path):
+    # as on the GPU host: the host memory stated, passed on to the runs
+    p = dry_run(tmp_path, env={'HETGPT_HOST_MEM_GIB': '120'})
+    stdout = p.communicate(timeout=600)[0]
+    assert p.returncode == 0, stdout[-5000:]
+    md, jsonl, log = outputs(tmp_path)
+    md_rows = rows_of(md)
+    mem = [f'mem {s} mb{mb}' for s in ('ddp', 'ddp+ac', 'fsdp') for mb in (4, 16)]
+    labels = mem + ['offload', '124M compile', '1.3B compile', 'largest: gpt_1p3b.py']
+    assert [label for label, _ in md_rows] == labels, md
+    agree(md_rows, jsonl)
+    assert not any(r['failed'] for r in jsonl) and 'FAILED' not in md + stdout
+    printed = [line for line in stdout.splitlines() if ROW.match(line)]
+    for line in md.splitlines():  # every row printed the moment its run ended, and in the table at the end
+        if ROW.match(line) and not line.startswith(('| check', '|---')):
+            assert printed.count(line) == 2, line
+    rows = dict(md_rows)
+    for label in mem:  # each memory run ran the strategy and micro-batch asked for
+        strategy, mb = label.split()[1:]
+        assert rows[label][:2] == [strategy, mb[2:]], rows[label]
+    assert rows['offload'][0] == 'fsdp+offload' and '(2.7B)' in rows['offload'][-1]
+    assert rows['largest: gpt_1p3b.py'][1:-1] == rows['1.3B compile'][1:-1]  # the same run
+    assert 'host memory for planning: 120 GiB, stated (HETGPT_HOST_MEM_GIB)' in md
+    # the log: every run's header, command and whole output; the runs planned with the stated host
+    for label in labels[:-1]:
+        assert f"=== {label}: limit " in log and f"--- {label}: ok, " in log
+    assert log.count('host memory: 120 GiB per node, stated (HETGPT_HOST_MEM_GIB)') == 9
+    assert log.count('--init_device=meta') == 9 and log.count('iter 2: loss') == 9
+
+
+def test_a_failed_run_is_marked_everywhere_and_the_rows_before_it_kept(tmp_path):
+    # a time limit of 1 s for the second run (train.py alone takes longer to import)
+    p = dry_run(tmp_path, '--only=mem ddp mb4,mem ddp+ac mb4', '--limit=mem ddp+ac=1')
+    first = next(line for line in p.stdout if line.startswith('| mem ddp mb4 |'))
+    # written the moment its run ended, before the next one starts: a kill keeps it
+    assert first.rstrip('\n') in (tmp_path / 'gpu_check.md').read_text().splitlines()
+    assert len((tmp_path / 'gpu_check.jsonl').read_text().splitlines()) == 1
+    stdout = first + p.communicate(timeout=300)[0]
+    assert p.returncode == 1, stdout[-3000:]
+    md, jsonl, log = outputs(tmp_path)
+    md_rows = rows_of(md)
+    agree(md_rows, jsonl)
+    assert [(r['label'], r['failed']) for r in jsonl] == [('mem ddp mb4', False), ('mem ddp+ac mb4', True)]
+    assert jsonl[1]['error'] == 'timed out after 1 s'
+    failed = [line for line in stdout.splitlines() if line.startswith('| mem ddp+ac mb4 |')]
+    assert len(failed) == 2 and all('**FAILED: timed out after 1 s**' in line for line in failed)
+    assert '--- mem ddp+ac mb4: FAILED: timed out after 1 s' in log and '--- mem ddp mb4: ok' in log
+    assert '2 rows, 1 failed: mem ddp+ac mb4' in md
 
 
 def test_summary_row_of_a_gpu_run():
-    # what the dry run cannot show: MFU and the overhead are set on a GPU
+    # what the dry run cannot show: MFU, the overhead, and a host peak the run could not measure
     sys.path.insert(0, str(ROOT / 'bench'))
     import gpu_check
     plan = dict(plan='ddp', ac=False, micro_batch=16, pred_gib=80.0, pred_host_gib=3.0, pred_tokens_per_sec=5e4,
                 probe_gib=70.0, probe_alloc_gib=65.0, overhead_gib=0.75)
     run = dict(label='1.3B compile', note='', tokens_per_sec=4.2e4, mfu=0.385, mem_gib=66.0, reserved_gib=71.0,
-               host_gib=9.0, wall=80.0, plan=plan)
+               host_gib=None, wall=80.0, plan=plan)
     failed = dict(label='offload', note='(2.7B)', error='timed out after 80 s', wall=80.0)
     table = gpu_check.summary([run, failed]).splitlines()
     assert table[2] == ('| 1.3B compile | ddp | 16 | 42,000 | 50,000 | 38.5% | 80.0 | 65.0 / 70.0 | 66.0 / 71.0 '
-                        '| 0.75 | 3.0 / 9.0 | 80 |  |')
-    assert table[3].startswith('| offload |') and '**timed out after 80 s** (2.7B)' in table[3]
+                        '| 0.75 | 3.0 / - | 80 |  |')
+    assert table[3].startswith('| offload |') and '**FAILED: timed out after 80 s** (2.7B)' in table[3]
     assert len({line.count('|') for line in table}) == 1  # every row has the header's columns
+    assert json.loads(gpu_check.json_row(run))['host_gib'] is None
+    assert json.loads(gpu_check.json_row(failed)) == dict(failed=True, label='offload', note='(2.7B)', wall=80.0,
+                                                          error='timed out after 80 s')

@@ -172,3 +172,13 @@ def test_plan_says_which_gpus_it_assumed(capsys):
     assert ' H200 ' in out[3]  # the table's one rank
     assert planner.main([tiny, '--gpus', '1xA100-80GB']) == 0
     assert 'no --gpus' not in capsys.readouterr().out
+
+
+def test_plan_says_which_host_memory_it_used(capsys):
+    # train.py's table says stated or MemAvailable (tests/test_train.py); plan.py's says given or not
+    import plan as planner
+    tiny = os.path.join(ROOT, 'configs', 'gpt_tiny.py')
+    assert planner.main([tiny, '--gpus', '2xA100-80GB']) == 0
+    assert 'host memory: not checked' in capsys.readouterr().out.splitlines()
+    assert planner.main([tiny, '--gpus', '2xA100-80GB', '--host_mem', '512']) == 0
+    assert 'host memory: 512 GiB per node, given (--host_mem)' in capsys.readouterr().out.splitlines()

@@ -58,6 +58,7 @@ def test_loss_falls_and_log_line_has_progress(work):
     line = [ln for ln in p.stdout.splitlines() if ln.startswith('iter 40: loss')][0]
     for word in ('tok/s', 'mfu n/a', 'mem', 'eta', 'lr'):
         assert word in line
+    assert 'host memory: ' in p.stdout and ', available now (/proc/meminfo MemAvailable)' in p.stdout
     row = [r for r in metrics(work / 'falls') if r.get('loss') is not None][-1]
     assert {'iter', 'loss', 'lr', 'tokens_per_sec', 'mfu'} <= set(row)
     assert any(d.startswith('offline-run') for d in os.listdir(work / 'falls' / 'wandb'))
@@ -144,6 +145,28 @@ def test_damaged_checkpoint_is_named_and_kept(work, damage):
     assert len(p.stderr.strip().splitlines()) == 1 and 'Traceback' not in p.stderr
     assert ckpt.exists()  # nothing deleted
     assert not (work / 'PWNED').exists()  # and nothing run
+
+
+def test_a_stated_host_memory_is_the_one_planned_with(work):
+    # HETGPT_HOST_MEM_GIB instead of MemAvailable: the plan's table says which figure it used, and
+    # a CPU rank's memory is its share of it (so a host stated too small fits nothing)
+    p = run_train(work, *TINY, '--batch_size=2', '--max_iters=1', '--out_dir=host_stated',
+                  env={'HETGPT_HOST_MEM_GIB': '64'})
+    assert 'host memory: 64 GiB per node, stated (HETGPT_HOST_MEM_GIB)' in p.stdout, p.stdout
+    p = run_train(work, *TINY, '--batch_size=2', '--max_iters=1', '--out_dir=host_small', check=False,
+                  env={'HETGPT_HOST_MEM_GIB': '0.05'})
+    assert p.returncode == 2 and p.stderr.startswith('error: plan=auto does not fit'), p.stderr
+    assert 'budget 0.0' in p.stderr  # 90% of 0.05 GiB
+
+
+@pytest.mark.parametrize('stated', ['abc', '0', '-1', 'inf', '64,64'])
+def test_a_bad_stated_host_memory_is_one_line(work, stated):
+    p = run_train(work, *TINY, '--batch_size=2', '--max_iters=1', '--out_dir=host_bad', check=False,
+                  env={'HETGPT_HOST_MEM_GIB': stated})
+    assert p.returncode == 2 and p.stderr.strip().count('\n') == 0 and 'Traceback' not in p.stderr, p.stderr
+    assert p.stderr.startswith(f"error: HETGPT_HOST_MEM_GIB={stated}: give GiB > 0, one number: this "
+                               f"node's host memory")
+    assert not (work / 'host_bad' / 'metrics.jsonl').exists()
 
 
 def test_more_ranks_than_sequences_is_refused(work):
