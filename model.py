@@ -5,11 +5,13 @@ Sharding, activation checkpointing, compilation and offload are applied from the
 References: OpenAI's GPT-2 (github.com/openai/gpt-2), HF transformers' modeling_gpt2.py,
 nanoGPT's model.py (whose module names we keep, so HF weights map one to one: hf.py).
 """
+import hashlib
 import math
 from dataclasses import dataclass, fields
 
 import torch
 import torch.nn as nn
+from torch._subclasses.fake_tensor import is_fake
 from torch.nn import functional as F
 
 
@@ -139,7 +141,7 @@ LOSS_CHUNK = {'cpu': (64, 1024), 'cuda': (4096, 4096)}
 
 class GPT(nn.Module):
 
-    def __init__(self, config):
+    def __init__(self, config, seed=None):
         super().__init__()
         self.config = config
         self.transformer = nn.ModuleDict(dict(
@@ -151,21 +153,30 @@ class GPT(nn.Module):
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # tied input and output embeddings
-        self.init_weights()
+        self.init_weights(seed)
 
-    def init_weights(self):
+    def init_weights(self, seed=None, device=None):
         # GPT-2 init: normal(0, init_std) everywhere, zero biases, and the projections that add
-        # into the residual stream scaled by 1/sqrt(2 * n_layer) (two per block).
-        std = self.config.init_std
+        # into the residual stream scaled by 1/sqrt(2 * n_layer) (two per block); a function of
+        # (seed, parameter name) alone, however the weights are placed (draw_normal_). seed None:
+        # torch.manual_seed's; device: where the draws run (CUDA's numbers are not the CPU's).
+        seed = torch.initial_seed() if seed is None else seed
         for name, p in self.named_parameters():
-            if name.endswith('c_proj.weight'):
-                nn.init.normal_(p, mean=0.0, std=std / math.sqrt(2 * self.config.n_layer))
-            elif name.endswith('bias'):
+            if name.endswith('bias'):
                 nn.init.zeros_(p)
             elif 'ln_' in name:
                 nn.init.ones_(p)
             else:
-                nn.init.normal_(p, mean=0.0, std=std)
+                residual = name.endswith('c_proj.weight')
+                std = self.config.init_std / math.sqrt(2 * self.config.n_layer if residual else 1)
+                draw_normal_(p, std, f"{seed}/{name}", device)
+
+    def materialise(self, device, seed, draw_on=None):
+        # A model built on the meta device (or wrapped by FSDP there) gets storage on device, and
+        # its initial weights (init_weights, the draws made on draw_on)
+        self.to_empty(device=device)
+        self.lm_head.weight = self.transformer.wte.weight  # to_empty unties them
+        self.init_weights(seed, draw_on)
 
     def num_params(self, non_embedding=True):
         # non_embedding: without the position embeddings (they do no matmul work; the tied wte does)
@@ -191,6 +202,28 @@ class GPT(nn.Module):
         # The loss without the (tokens × vocab) logits: see LMHeadLoss. No logits are returned.
         loss = LMHeadLoss.apply(x, self.lm_head.weight, targets, torch.is_grad_enabled())
         return None, loss if reduction == 'sum' else loss / (targets != -1).sum()
+
+
+@torch.no_grad()
+def draw_normal_(p, std, key, device=None):
+    # p from normal(0, std) as a function of key alone: its rows in blocks of about 2^20 values,
+    # each drawn (on device) by a generator seeded by (key, block). A DTensor (a rank's FSDP shard
+    # of dim 0) draws only the blocks of its rows: any split of the rows gets the same numbers.
+    if p.is_meta or is_fake(p) or not p.numel():  # (shapes only: meta, the planner's fake tensors)
+        return
+    local, first = p, 0
+    if hasattr(p, 'to_local'):
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset as where
+        local, first = p.to_local(), where(p.shape, p.device_mesh, p.placements)[1][0]
+    rows, total = (local.view(len(local), -1), len(p)) if p.dim() else (local.view(1, 1), 1)
+    per = max(1, 2**20 // rows.size(1))  # rows per block
+    for b in range(first // per, (first + len(rows) - 1) // per + 1):
+        seed = int.from_bytes(hashlib.blake2b(f"{key}/{b}".encode(), digest_size=8).digest(), 'big')
+        gen = torch.Generator(device or local.device).manual_seed(seed >> 1)
+        block = torch.empty(min(per, total - b * per), rows.size(1), device=gen.device)
+        block.normal_(0, std, generator=gen)
+        lo, hi = max(b * per, first), min((b + 1) * per, first + len(rows))
+        rows[lo - first:hi - first].copy_(block[lo - b * per:hi - b * per])  # (to its device)
 
 
 def make_optimizer(params, learning_rate=6e-4, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8):

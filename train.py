@@ -37,6 +37,7 @@ import hf
 import plan as planner
 from balance import balance_weights, fit, rebalance
 from model import GPT, LMHeadLoss, chunk_loss, config_from, make_optimizer
+hardware.return_freed_host_memory()  # host RSS follows live tensors, as planned and probed
 
 # -----------------------------------------------------------------------------
 # I/O
@@ -181,7 +182,10 @@ if model_args.block_size < block_size:
     die(f"block_size={block_size} exceeds the model's {model_args.block_size}")
 if device_type == 'cuda':  # NCCL makes its buffers at its first collective: this_rank measures them
     dist.all_reduce(torch.zeros(1, device=device))
-me = hardware.this_rank(device_type, rank, local_world, hardware.stated_memory(local_rank))
+stated = hardware.stated_memory(local_rank)  # (HETGPT_MEM_GIB)
+costs.optimizer_state_bytes()  # (one step of the optimizer loads what steps load: the
+# process this_rank measures on a CPU is then the one the model's bytes come on top of)
+me = hardware.this_rank(device_type, rank, local_world, stated)
 # with who is in the run (its machines: torchrun's elastic agents come and go)
 ranks, machines = (list(x) for x in zip(*gather((me, guard.machine()))))
 run_plan = planner.make_plan(
@@ -191,12 +195,16 @@ run_plan = planner.make_plan(
 if not run_plan.fits:
     die(f"plan={plan} does not fit: {run_plan.advice}")
 
-# 'cpu': the whole model on the host, then placed or sharded: the same initial weights under every
-# strategy. 'meta': shapes only; each rank makes and initialises just its own shard after wrapping.
+# The model's shapes first (meta device), then its weights: 'cpu', the whole model on the host,
+# then placed or sharded; 'meta', each rank makes just its own shard after wrapping. The initial
+# weights are a function of (seed, name) drawn on this run's kind of device (GPT.init_weights):
+# the same under every strategy, init_device and world size.
 torch.manual_seed(seed)
 if not init_from.startswith('gpt2'):
-    with torch.device(run_plan.init_device):
+    with torch.device('meta'):
         raw_model = GPT(model_args)
+    if run_plan.init_device == 'cpu':
+        raw_model.materialise('cpu', seed, draw_on=device)
 # In this order: activation checkpointing, then compile, then FSDP/DDP wrapping (compile sees the
 # checkpointed blocks; FSDP wraps the compiled ones; torchtitan's order).
 recomputes = run_plan.checkpoint[rank]  # this rank's backward runs its forward again
@@ -224,10 +232,8 @@ if run_plan.shard:
     model = fully_shard(raw_model, **fsdp_kw)
     fsdp_modules = [m for m in model.modules() if hasattr(m, 'set_requires_gradient_sync')]
 reduce_every_micro_batch = run_plan.reduce_every_micro_batch
-if run_plan.init_device == 'meta':  # storage now, where this rank keeps its weights or shard
-    raw_model.to_empty(device='cpu' if run_plan.offload else device)
-    raw_model.lm_head.weight = raw_model.transformer.wte.weight  # to_empty unties them
-    raw_model.init_weights()
+if raw_model.lm_head.weight.is_meta:  # storage now, where this rank keeps its weights or shard
+    raw_model.materialise('cpu' if run_plan.offload else device, seed, draw_on=device)
 # DDP keeps float32 weights and its matmuls run in ptdtype. No cache of the weights' 16-bit copies:
 # under checkpointing it would keep every block's until the forward ends.
 autocast = torch.autocast(device_type=device_type, dtype=ptdtype, cache_enabled=False,
@@ -301,23 +307,29 @@ def forward_backward(offsets, sizes, weight, reduce=True, timed=False):
     return loss_total, compute
 
 
-def probe_step(n, room):
-    # One forward+backward of n sequences and one optimizer step with lr 0 (it allocates the
-    # optimizer state and leaves the weights as they are): this rank's peak bytes, or None when out
-    # of memory or above room. (A host whose peak RSS cannot be reset is never above.)
+def probe_step(sizes):
+    # Training steps as the run makes them, at this rank's cap: its micro-batches (sizes) reduced
+    # as the plan says, then an optimizer step. The last is measured: the optimizer's state and
+    # compiled kernels are there from the first, DDP's gradient buckets as it rebuilds them in its
+    # second iteration, as in every later step. Zero gradients (weight 0) and lr 0 leave the
+    # weights as they are; the state is dropped after. Returns this rank's peak bytes and, on
+    # CUDA, the bytes outside the allocator once the step's kernels are loaded; None when out of
+    # memory or above the plan's room. (A host whose peak RSS cannot be reset is never above.)
     cuda = device_type == 'cuda'
-    if cuda:
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-    resets = cuda or hardware.reset_peak_rss()
+    for group in optimizer.param_groups:
+        group['lr'] = 0.0
     try:
-        forward_backward(batch_offsets('train', -1, n), [n], 0.0, reduce=False)
-        for group in optimizer.param_groups:
-            group['lr'] = 0.0
-        optimizer.step()
+        steps = 3 if isinstance(model, DDP) else 2
+        for i in range(steps):
+            resets = i == steps - 1 and (hardware.reset_peaks(device_type) or cuda)
+            forward_backward(batch_offsets('train', -1, sum(sizes)), sizes, 0.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        # (stated, the GPU may be shared: what is outside the allocator is not all this rank's)
+        outside = hardware.outside_allocator() if cuda and stated is None else None
         peak = dict(total=torch.cuda.max_memory_reserved() if cuda else hardware.peak_rss(),
-                    alloc=torch.cuda.max_memory_allocated() if cuda else None)
-        if resets and peak['total'] > room:
+                    alloc=torch.cuda.max_memory_allocated() if cuda else None, overhead=outside)
+        if resets and peak['total'] > run_plan.room(rank, outside):
             peak = None
     except torch.cuda.OutOfMemoryError:
         peak = None
@@ -338,11 +350,12 @@ def measure_speed(cap):  # this rank's c0 + c1·n seconds for a micro-batch of n
 # those that failed, and all probe again. Then, by speed, the split the first step runs.
 caps = run_plan.micro_batch
 by_speed = weights is None and world_size > 1
-log(f"probe step: micro-batch {caps[0]}, forward, backward and an optimizer step to check "
-    f"memory" + (" (compiling first: slow the first time)" if compile else '')
+log(f"probe step: training steps at micro-batch {caps[0]} (weights unchanged) to check memory"
+    + (" (compiling first: slow the first time)" if compile else '')
     + ("; then timed micro-batches on every rank to split the batch" if by_speed else ''))
-while True:
-    probed = probe_step(caps[rank], run_plan.room(rank))
+while True:  # (this rank's micro-batches at its cap: as many as the plan gives it, up to 2)
+    count = min(2, len(planner.resplit(run_plan, caps).micro_batches[rank]))
+    probed = probe_step([caps[rank]] * count)
     measured = gather(probed)
     if all(measured):
         break
@@ -371,7 +384,7 @@ record = guard.Metrics(out_dir, iter_num, {
     'pred_host_gib': run_plan.predicted[0]['host_rank'] / 2**30,
     'pred_tokens_per_sec': run_plan.tokens_per_sec, 'probe_gib': probed['total'] / 2**30,
     'probe_alloc_gib': (probed['alloc'] or probed['total']) / 2**30,
-    'overhead_gib': (me['overhead'] or 0) / 2**30},
+    'overhead_gib': (probed['overhead'] or 0) / 2**30},
     wandb_init=wandb_log and dict(project=wandb_project, name=wandb_run_name, config=config),
 ) if master else lambda row: None
 
@@ -433,6 +446,7 @@ if iter_num == 0 or eval_only:
 sizes = run_plan.micro_batches  # every rank's micro-batches (rebalanced by measured speed)
 bad_steps = guard.BadSteps(device, max_bad_steps, out_dir)
 busy = torch.zeros(2, dtype=torch.float64)  # smoothed (compute, whole step) seconds of this rank
+host_reset = hardware.reset_peaks(device_type)  # the steps' peaks from here, not the probe's
 t_log, steps_since, loss_acc = time.perf_counter(), 0, torch.zeros((), device=device)
 while iter_num < max_iters and not eval_only:
     torch.manual_seed(seed + 1_000_003 * iter_num + rank)  # dropout: by (seed, step, rank)
@@ -479,7 +493,7 @@ while iter_num < max_iters and not eval_only:
         dt = (time.perf_counter() - t_log) / steps_since
         tps = tokens_per_step / dt
         mfu = costs.mfu(trained_args, batch_size, dt, peak_sum)
-        mem, reserved, host = hardware.peak_memory(device_type)  # GiB
+        mem, reserved, host = hardware.peak_memory(device_type, host_reset)  # GiB
         eta = dt * (max_iters - iter_num)
         log(f"iter {iter_num}: loss {loss_val:.4f}, lr {lr:.2e}, {tps:,.0f} tok/s, "
             f"mfu {'n/a' if mfu is None else f'{100 * mfu:.1f}%'}, mem {mem:.2f} GiB, "

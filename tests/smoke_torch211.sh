@@ -135,9 +135,11 @@ assert got == n, f'{got} tokens written, want {n}'
 TRAIN=("$ROOT/train.py" "$ROOT/configs/gpt_tiny.py" --device=cpu --dtype=float32 --compile=False
        --dataset=smoke "--out_dir=$OUT" --batch_size=4 --eval_interval=3 --eval_iters=1
        --log_interval=1 --checkpoint_interval=3)
-# (a) 2 gloo ranks, fsdp+offload, 3 steps, a checkpoint at 3
+# (a) 2 gloo ranks, fsdp+offload, each rank making its own shard (meta: the 70B path), 3 steps,
+# a checkpoint at 3
 OMP_NUM_THREADS=1 run "train fsdp+offload on 2 ranks" train_a.log "$PY" -m torch.distributed.run \
-    --standalone --nproc_per_node=2 "${TRAIN[@]}" --plan=fsdp+offload --max_iters=3
+    --standalone --nproc_per_node=2 "${TRAIN[@]}" --plan=fsdp+offload --init_device=meta \
+    --max_iters=3
 check "train (a): checkpoint and metrics of 3 steps under fsdp+offload" "
 import json, math
 rows = [json.loads(l) for l in open('$OUT/metrics.jsonl')]

@@ -1,0 +1,167 @@
+"""The path a large model takes (issue 22), against a one-process run: every rank's initial shard
+(init_device=meta, FSDP, CPU offload, uneven shards), the probe step against the steps that follow
+it, and a rehearsal of the whole path at the largest size this machine holds in two ranks."""
+import math
+import re
+
+import pytest
+import torch
+
+from trainer import TINY, latest_checkpoint, load_params, make_dataset, metrics, run_train, train_losses
+
+# A vocabulary of 50305 rows: 3 ranks hold 16769, 16769 and 16767 of them, and the rows of each
+# generator's block (32768 of width 32) straddle the shards. lr ~0: the weights a checkpoint after
+# 3 steps holds are the initial ones, bit for bit (AdamW moves a weight by about lr); each step's
+# loss is the initial model's on that step's batch.
+FROZEN = TINY + ['--vocab_size=50305', '--batch_size=6', '--micro_batch_size=2', '--max_iters=3',
+                 '--eval_interval=100', '--learning_rate=1e-30', '--min_lr=1e-31', '--balance=even']
+
+
+@pytest.fixture(scope='module')
+def work(tmp_path_factory):
+    root = tmp_path_factory.mktemp('big_path')
+    make_dataset(root)
+    run_train(root, *FROZEN, '--out_dir=frozen_one', '--plan=ddp')
+    return root
+
+
+@pytest.mark.parametrize('init_device', ['meta', 'cpu'])
+@pytest.mark.parametrize('strategy', ['fsdp', 'fsdp+offload'])
+@pytest.mark.parametrize('nproc', [2, 3])
+def test_initial_weights_do_not_depend_on_placement(work, nproc, strategy, init_device):
+    out = f"frozen_{nproc}_{strategy}_{init_device}".replace('+', '_')
+    run_train(work, *FROZEN, f'--out_dir={out}', f'--plan={strategy}',
+              f'--init_device={init_device}', nproc=nproc)
+    one, got = load_params(latest_checkpoint(work / 'frozen_one')), load_params(latest_checkpoint(work / out))
+    assert one.keys() == got.keys()
+    different = [k for k in one if not torch.equal(one[k], got[k])]
+    assert not different, different
+    l_one, l_got = train_losses(work / 'frozen_one'), train_losses(work / out)
+    assert sorted(l_got) == [1, 2, 3]
+    assert all(abs(l_one[k] - l_got[k]) <= 1e-6 * l_one[k] for k in l_one), (l_one, l_got)
+
+
+def test_the_meta_path_on_three_ranks_trains_as_one_process(work):
+    # the 70B path (FSDP, CPU offload, each rank making its own uneven shards) at a real learning
+    # rate: the losses of 3 steps and the weights after them are one process's
+    common = TINY + ['--vocab_size=50305', '--batch_size=6', '--max_iters=3', '--eval_interval=100']
+    run_train(work, *common, '--out_dir=real_one', '--plan=ddp', '--micro_batch_size=6')
+    run_train(work, *common, '--out_dir=real_three', '--plan=fsdp+offload', '--init_device=meta',
+              '--micro_batch_size=2', '--balance=even', nproc=3)
+    from trainer import max_rel_diff
+    one, three = load_params(latest_checkpoint(work / 'real_one')), load_params(latest_checkpoint(work / 'real_three'))
+    assert max_rel_diff(three, one) < 1e-5
+    l_one, l_three = train_losses(work / 'real_one'), train_losses(work / 'real_three')
+    assert sorted(l_three) == [1, 2, 3] and all(abs(l_one[k] - l_three[k]) <= 1e-5 * l_one[k] for k in l_one)
+
+
+def test_initial_weights_have_gpt2s_statistics():
+    # GPT-2's init, checked here against its formula: normal(0, init_std), the two projections into
+    # the residual stream of each block at init_std / sqrt(2 n_layer), zero biases, unit LayerNorm
+    # gains; every tensor (and every generator's block of rows) its own draw.
+    from model import GPT, GPTConfig
+    L, std = 6, 0.02
+    net = GPT(GPTConfig(n_layer=L, n_head=4, n_embd=256, block_size=256, vocab_size=8192, bias=True,
+                        init_std=std), seed=1)
+    seen = []
+    for name, p in net.named_parameters():
+        p = p.detach()
+        if name.endswith('bias'):
+            assert torch.all(p == 0), name
+        elif '.ln_' in name or 'ln_f' in name:
+            assert torch.all(p == 1), name
+        else:
+            expected = std / math.sqrt(2 * L) if name.endswith('c_proj.weight') else std
+            assert p.std().item() == pytest.approx(expected, rel=0.02), name
+            assert abs(p.mean().item()) < 0.05 * expected, name
+            seen.append(p.flatten()[:1000])
+    assert len({tuple(s.tolist()) for s in seen}) == len(seen)  # no two tensors drew alike
+    wte = net.transformer.wte.weight.detach()  # 8192 × 256: 2 blocks of 4096 rows
+    assert not torch.equal(wte[:4096], wte[4096:])
+    # another seed, other weights
+    other = GPT(net.config, seed=2).transformer.wte.weight.detach()
+    assert not torch.equal(other, wte)
+
+
+# Model states and activations larger than the process: 4 layers × 512 wide, vocabulary 8192 (17M
+# parameters, AdamW's state 0.13 GiB), 2 ranks of micro-batch 4 × 64 tokens
+PROBED = [a for a in TINY if not a.startswith(('--n_layer', '--n_embd', '--n_head', '--vocab_size',
+                                               '--block_size'))] + [
+    '--n_layer=4', '--n_embd=512', '--n_head=4', '--vocab_size=8192', '--block_size=64',
+    '--batch_size=8', '--max_iters=6', '--eval_interval=100', '--eval_iters=1',
+    '--checkpoint_interval=0', '--balance=even']
+
+
+def probe_and_steps(out_dir):
+    # rank 0's peak in the probe step and in each step after it (GiB, from metrics.jsonl)
+    rows = metrics(out_dir)
+    return rows[0]['probe_gib'], [r['mem_gib'] for r in rows if 'mem_gib' in r]
+
+
+@pytest.mark.parametrize('strategy', ['ddp', 'ddp+ac', 'fsdp', 'fsdp+offload'])
+def test_the_probe_peaks_as_the_steps_after_it(work, strategy):
+    # The probe step runs the steps' schedule (micro-batches, reductions, an optimizer step with
+    # its state) in the environment a user runs: its peak is that of the next 5 steps.
+    out = 'probe_' + strategy.replace('+', '_')
+    run_train(work, *PROBED, f'--out_dir={out}', f'--plan={strategy}', '--micro_batch_size=4',
+              nproc=2)
+    probe, steps = probe_and_steps(work / out)
+    assert len(steps) == 6 and probe == pytest.approx(max(steps[:5]), rel=0.10), (probe, steps)
+
+
+def test_stated_memory_below_the_steps_peak_is_caught_by_the_probe(work):
+    # HETGPT_MEM_GIB set between what the probe step read before it ran the steps' schedule (no
+    # optimizer state: about 0.85 of the peak here) and the steps' real peak: the micro-batch is
+    # cut (by the probe, or by the planner already), and the steps stay within the memory stated.
+    # Set just above the real peak, the micro-batch that fits is kept. One process, 4 × 384 wide,
+    # 512 tokens: the activations of 4 sequences are about 0.09 of the peak.
+    shape = [a for a in PROBED if not a.startswith(('--n_embd', '--block_size', '--batch_size',
+                                                    '--max_iters'))] + [
+        '--n_embd=384', '--block_size=512', '--batch_size=4', '--max_iters=4', '--plan=ddp']
+    run_train(work, *shape, '--out_dir=stated_free')
+    _, steps = probe_and_steps(work / 'stated_free')
+    peak, micro = max(steps), metrics(work / 'stated_free')[0]['micro_batch']
+    assert micro == 4
+    for name, room in (('tight', 0.95 * peak), ('roomy', 1.07 * peak)):
+        out = f'stated_{name}'  # (the planner may use 0.9 of what is stated)
+        p = run_train(work, *shape, f'--out_dir={out}', env={'HETGPT_MEM_GIB': f'{room / 0.9:.4f}'})
+        _, got = probe_and_steps(work / out)
+        assert max(got) <= room, (name, room, got)
+        kept = metrics(work / out)[0]['micro_batch']
+        if name == 'tight':
+            assert kept < micro, p.stdout
+        else:
+            assert kept == micro and 'out of memory in the probe step' not in p.stdout, p.stdout
+
+
+def test_rehearsal_of_the_big_path_on_cpu(work):
+    # The path a 70B model takes, at the size this machine trains in two ranks within a test's
+    # time: GPT-2 medium's shape (354M parameters, 24 × 1024, vocabulary 50304), fsdp+offload,
+    # each rank making its own shard (init_device=meta), 2 steps at lr ~0. Its initial weights are
+    # the one-process function's (model.draw_normal_ keyed by seed and name) on sampled tensors,
+    # its probe step peaks as its steps do, and the steps' peak is the prediction's (the planner:
+    # device and host bytes of a CPU rank together).
+    import torch.distributed.checkpoint as dcp
+    from model import draw_normal_
+    args = [a for a in FROZEN if not a.startswith(('--n_layer', '--n_embd', '--n_head', '--batch_size',
+                                                   '--max_iters', '--block_size', '--micro_batch'))]
+    p = run_train(work, *args, '--vocab_size=50304', '--n_layer=24', '--n_embd=1024', '--n_head=16',
+                  '--block_size=64', '--batch_size=4', '--micro_batch_size=2', '--max_iters=2',
+                  '--eval_iters=1', '--plan=fsdp+offload', '--init_device=meta',
+                  '--out_dir=rehearsal', nproc=2, timeout=900)
+    n_params = int(re.search(r'([\d,]+) parameters;', p.stdout)[1].replace(',', ''))
+    assert n_params >= 300e6 and 'plan: fsdp+offload (fits)' in p.stdout
+    seed, std, L = 1337, 0.02, 24
+    sampled = {'transformer.wte.weight': ((50304, 1024), std),
+               'transformer.h.0.attn.c_attn.weight': ((3072, 1024), std),
+               'transformer.h.13.mlp.c_fc.weight': ((4096, 1024), std),
+               'transformer.h.23.mlp.c_proj.weight': ((1024, 4096), std / math.sqrt(2 * L))}
+    saved = {name: torch.empty(shape) for name, (shape, _) in sampled.items()}
+    dcp.load({'model': saved}, checkpoint_id=latest_checkpoint(work / 'rehearsal'))
+    for name, (shape, s) in sampled.items():
+        expected = torch.empty(shape)
+        draw_normal_(expected, s, f"{seed}/{name}")
+        # (bit for bit but where lr ~0 still moves a weight: within 1e-29 of zero)
+        torch.testing.assert_close(saved[name], expected, rtol=0, atol=1e-29, msg=name)
+    probe, steps = probe_and_steps(work / 'rehearsal')
+    assert len(steps) == 2 and probe == pytest.approx(max(steps), rel=0.10), (probe, steps)
