@@ -70,6 +70,18 @@ def _saved(fn, params, *inputs):
     return _storage_bytes(held, {StorageWeakRef(p.untyped_storage()) for p in params}), out
 
 
+def _fake(cfg, param_dtype, rest=False):
+    # One block (and, rest, the model without blocks) with parameters of param_dtype, made in the
+    # caller's FakeTensorMode
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(param_dtype)
+    try:
+        block = network.Block(cfg)
+        return (block, network.GPT(replace(cfg, n_layer=0))) if rest else block
+    finally:
+        torch.set_default_dtype(default)
+
+
 @functools.lru_cache(maxsize=None)
 def saved_bytes(config_items, param_dtype, autocast_dtype):
     # One block, and the rest (embeddings, ln_f, the loss), run forward on fake tensors at the
@@ -82,15 +94,9 @@ def saved_bytes(config_items, param_dtype, autocast_dtype):
     cfg = GPTConfig(**dict(config_items))
     s, h = cfg.block_size, cfg.n_embd
     autocast = torch.autocast('cpu', dtype=autocast_dtype, enabled=autocast_dtype is not None)
-    default = torch.get_default_dtype()
     found = {}
     with FakeTensorMode():
-        torch.set_default_dtype(param_dtype)
-        try:
-            block = network.Block(cfg)
-            rest = network.GPT(replace(cfg, n_layer=0))
-        finally:
-            torch.set_default_dtype(default)
+        block, rest = _fake(cfg, param_dtype, rest=True)
         stream = param_dtype if autocast_dtype is None else torch.float32
         for b in (1, 2):
             x = torch.empty(b, s, h, dtype=stream, requires_grad=True)
@@ -142,14 +148,9 @@ def backward_bytes(config_items, param_dtype, autocast_dtype):
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.checkpoint import checkpoint
     cfg = GPTConfig(**dict(config_items))
-    default = torch.get_default_dtype()
     found = {}
     with FakeTensorMode():
-        torch.set_default_dtype(param_dtype)
-        try:
-            block = network.Block(cfg)
-        finally:
-            torch.set_default_dtype(default)
+        block = _fake(cfg, param_dtype)
         for p in block.parameters():
             p.grad = torch.zeros_like(p)
         runs = dict(plain=block, ac=functools.partial(checkpoint, block, use_reentrant=False))
