@@ -229,7 +229,7 @@ def this_rank(device_type, rank, local_world, stated=None):
         # (its overhead: the process before the model, torch and the group loaded, as it is now)
         return dict(device='cpu', node=rank // local_world, host_mem=host, host_from=host_from,
                     gpu=None, mem=stated or host // local_world, overhead=rss())
-    free, total = torch.cuda.mem_get_info()
+    total = torch.cuda.mem_get_info()[1]
     if stated and stated > total:
         die(f"HETGPT_MEM_GIB states {stated / 2**30:.1f} GiB for rank {rank}, whose GPU has "
             f"{total / 2**30:.1f} GiB: state at most that")
@@ -237,7 +237,7 @@ def this_rank(device_type, rank, local_world, stated=None):
     # rank's own overhead then counts against what it may use.)
     return dict(device='cuda', node=rank // local_world, host_mem=host, host_from=host_from,
                 gpu=gpu_key(torch.cuda.get_device_name()), mem=stated or total,
-                overhead=None if stated else total - free - torch.cuda.memory_reserved())
+                overhead=None if stated else outside_allocator())
 
 
 def resolve(device, dtype, compile, local_rank):
