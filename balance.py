@@ -9,10 +9,22 @@ waits for its slowest rank. The planner (plan.py) splits with predicted speeds; 
 with measured ones, through the same functions.
 """
 import heapq
+import itertools
 import math
 import re
+import struct
+
+import numpy as np
 
 from configurator import die
+
+# Batches of up to EXACT sequences are split by the searches that place one sequence at a time
+# (their results are the ones tests/test_split.py and tests/test_plan.py pin); their time grows with
+# the batch, about as its square in lockstep (4096 sequences over 4 unlike GPUs: 5 s). A larger
+# batch (up to plan.MAX_BATCH) is split in closed form, in time that does not grow with it: the
+# same greedy split computed at once (split_batch), and under lockstep every micro-batch split alike
+# (_split_lockstep).
+EXACT = 2048
 
 
 def split_batch(batch, c0, c1, caps, count=None):
@@ -32,6 +44,8 @@ def split_batch(batch, c0, c1, caps, count=None):
         raise ValueError(f"cannot split {batch} sequences over {len(caps)} ranks: their caps "
                          f"{list(caps)} hold only {sum(caps)}; lower batch_size, or allow more "
                          f"micro-batches or sequences per rank")
+    if batch > EXACT and all(map(math.isfinite, [*c0, *c1])):
+        return _split_at_once(batch, c0, c1, caps)
     n = [0] * len(caps)
     heap = [(c0[i] + c1[i], i) for i in range(len(caps)) if caps[i] > 0]
     heapq.heapify(heap)
@@ -40,6 +54,58 @@ def split_batch(batch, c0, c1, caps, count=None):
         n[i] += 1
         if n[i] < caps[i]:
             heapq.heappush(heap, (c0[i] + c1[i] * (n[i] + 1), i))
+    return n
+
+
+def _key(x):  # a double as an int, in the same order (bisection over the doubles themselves)
+    i = struct.unpack('<q', struct.pack('<d', x))[0]
+    return i if i >= 0 else -(i & 0x7FFFFFFFFFFFFFFF)
+
+
+def _double(i):
+    return struct.unpack('<d', struct.pack('<q', i if i >= 0 else -i | -2**63))[0]
+
+
+def _split_at_once(batch, c0, c1, caps):
+    # split_batch's greedy without its steps: it takes the batch smallest of the finishing times
+    # c0_i + c1_i·k (k = 1..caps_i, non-decreasing in k), ties to the lower rank first (the heap's
+    # order). So find the batch-th smallest, V, by bisection over the doubles; each rank takes its
+    # times below V, and the times equal to V go to the ranks in order. (Exactly the greedy's
+    # split: the same float expressions, compared, never approximated.)
+    c0, c1 = np.asarray(c0, dtype=float), np.asarray(c1, dtype=float)
+    cap = np.maximum(np.asarray(caps, dtype=float), 0.0)
+    time = lambda k: c0 + c1 * k
+
+    def upto(T):  # per rank: how many of its times are <= T
+        good = lambda k: (k <= 0) | ((k <= cap) & (time(k) <= T))
+        with np.errstate(all='ignore'):  # a first guess, then exact steps (galloping, bisection)
+            k = np.where(c1 > 0, np.floor((T - c0) / c1), np.where(c0 <= T, cap, 0.0))
+        lo = np.clip(np.nan_to_num(k, nan=0.0, posinf=cap.max(), neginf=0.0), 0.0, cap)
+        hi, step = lo + 1, 1.0
+        while (bad := ~good(lo)).any():
+            hi, lo = np.where(bad, lo, hi), np.where(bad, np.maximum(lo - step, 0), lo)
+            step *= 2
+        step = 1.0
+        while (more := good(hi)).any():
+            lo, hi = np.where(more, hi, lo), np.where(more, np.minimum(hi + step, cap + 1), hi)
+            step *= 2
+        while (wide := hi - lo > 1).any():
+            mid = np.floor((lo + hi) / 2)
+            g = good(mid)
+            lo, hi = np.where(wide & g, mid, lo), np.where(wide & ~g, mid, hi)
+        return lo
+
+    some = cap > 0
+    lo, hi = _key(float(time(1.0)[some].min())) - 1, _key(float(time(cap)[some].max()))
+    while hi - lo > 1:  # upto(lo) sums below the batch, upto(hi) to at least it
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if upto(_double(mid)).sum() >= batch else (mid, hi)
+    below = upto(_double(hi - 1))
+    at, rest = upto(_double(hi)) - below, batch - int(below.sum())
+    n = [int(x) for x in below]
+    for i in range(len(n)):
+        take = min(rest, int(at[i]))
+        n[i], rest = n[i] + take, rest - take
     return n
 
 
@@ -54,6 +120,17 @@ def _split_lockstep(batch, c0, c1, caps, count):
                          f"micro-batches: their caps {list(caps)} per micro-batch hold only "
                          f"{count * sum(caps)}")
     R = len(caps)
+    if batch > EXACT:
+        # Every micro-batch split alike: the fastest split of batch // count sequences in one
+        # micro-batch, and the batch % count left over (< count) each one more sequence in a
+        # micro-batch of the rank the greedy gives the next sequence to (its cap allows it).
+        per = split_batch(batch // count, c0, c1, caps)
+        n = [count * x for x in per]
+        if batch > sum(n):
+            more = split_batch(batch // count + 1, c0, c1, caps)
+            i = next(i for i in range(R) if more[i] > per[i])
+            n[i] += batch - sum(n)
+        return n
 
     def times(n):  # each micro-batch's time: its slowest rank
         pieces = [micro_batches(x, c, count) for x, c in zip(n, caps)]
@@ -112,24 +189,75 @@ def split(batch, caps, c0, c1, fixed=None, count=None):
     # The fastest split: (shares, each rank's micro-batch sizes). DDP (count None): a share runs in
     # micro-batches of at most the rank's cap, so a sequence costs c1 + c0/cap, and `fixed` seconds
     # per rank come on top (the optimizer step). Lockstep: `count` micro-batches on every rank.
+    shares = split_shares(batch, caps, c0, c1, fixed, count)
+    return shares, pieces(shares, caps, count)
+
+
+def split_shares(batch, caps, c0, c1, fixed=None, count=None):
+    # split's shares alone (the planner times a large batch from them and runs(), not lists)
     if count is None:
         per_sequence = [b + a / m for a, b, m in zip(c0, c1, caps)]
-        shares = split_batch(batch, fixed or [0.0] * len(caps), per_sequence, [batch] * len(caps))
-    else:
-        shares = split_batch(batch, c0, c1, caps, count)
-    return shares, pieces(shares, caps, count)
+        return split_batch(batch, fixed or [0.0] * len(caps), per_sequence, [batch] * len(caps))
+    return split_batch(batch, c0, c1, caps, count)
 
 
 def weighted(batch, caps, weights, lockstep):
     # balance=even or balance=w1,w2,...: shares proportional to the weights, in whole sequences
-    shares = split_batch(batch, [0.0] * len(weights), [1 / w for w in weights],
-                         [batch] * len(weights))
+    shares = weighted_shares(batch, weights)
     return shares, pieces(shares, caps, lockstep_count(shares, caps) if lockstep else None)
+
+
+def weighted_shares(batch, weights):
+    return split_batch(batch, [0.0] * len(weights), [1 / w for w in weights],
+                       [batch] * len(weights))
+
+
+def runs(n, cap, count=None):
+    # One rank's pieces() without the list: [(size, how many)], at most two runs, larger first
+    if count is None:
+        count = math.ceil(n / cap) if n else 0
+        if not count:
+            return [(0, 1)]  # (an empty share runs one empty micro-batch)
+    q, r = divmod(n, count)
+    return [(q + 1, r), (q, count - r)] if r else [(q, count)]
+
+
+def _runs_of(ms):  # a list of micro-batch sizes as [(size, how many)]
+    return [(n, len(list(g))) for n, g in itertools.groupby(ms)]
+
+
+def lockstep_segments(runs_per_rank, c0, c1):
+    # Lockstep's micro-batches as [(how many, seconds)] in order, each as long as its slowest rank's
+    # piece (an empty piece costs one sequence). The time changes only where some rank's run
+    # starts: a sweep over those places, O(runs · log ranks) whatever the count.
+    starts, end = {}, 0  # micro-batch -> [(rank, seconds)] of the runs starting there
+    for i, (rs, a, b) in enumerate(zip(runs_per_rank, c0, c1)):
+        at = 0
+        for n, k in rs:
+            if k:
+                starts.setdefault(at, []).append((i, a + b * max(n, 1)))
+                at += k
+        end = max(end, at)
+    now, heap, out = {}, [], []
+    cuts = sorted(starts) + [end]
+    for s, e in zip(cuts, cuts[1:]):
+        for i, t in starts[s]:
+            now[i] = t
+            heapq.heappush(heap, (-t, i))
+        while -heap[0][0] != now[heap[0][1]]:  # a rank's earlier run
+            heapq.heappop(heap)
+        out.append((e - s, -heap[0][0]))
+    return out
 
 
 def step_time(sizes, c0, c1, lockstep):
     # Compute seconds of a step: DDP ranks run their micro-batches on their own; in lockstep each
     # micro-batch waits for its slowest rank. (An empty micro-batch costs as much as one sequence.)
+    if sum(map(len, sizes)) > EXACT:  # by runs of equal sizes (pieces makes at most 2 per rank)
+        rs = [_runs_of(ms) for ms in sizes]
+        if lockstep:
+            return sum(k * t for k, t in lockstep_segments(rs, c0, c1))
+        return max(sum(k * (a + b * max(n, 1)) for n, k in r) for a, b, r in zip(c0, c1, rs))
     t = [[a + b * max(n, 1) for n in ms] for a, b, ms in zip(c0, c1, sizes)]
     return sum(map(max, zip(*t))) if lockstep else max(map(sum, t))
 

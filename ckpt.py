@@ -4,9 +4,12 @@ finding the complete ones, and reading them safely (into a new model, or resumin
 
 A checkpoint is out_dir/ckpt_<iter:08d>/, written by torch.distributed.checkpoint (DCP) under a
 .tmp name and renamed when complete, plus hetgpt.json (iter, model shape, config). DCP reads
-tensors with torch.load(weights_only=True) but its .metadata file with plain pickle.load, which
-would run whatever a tampered file asks for. Importing this module restricts that unpickling to
-the record types DCP writes (its own dataclasses, torch sizes, dtypes and memory formats).
+tensors with torch.load(weights_only=True), but its .metadata file with plain pickle.load and every
+other entry (an optimizer's lr, betas, ...) with torch.load(weights_only=False): either would run
+whatever a tampered file asks for, and it opens whatever file the .metadata names. Importing this
+module restricts the metadata's unpickling to the record types DCP writes (its own dataclasses,
+torch sizes, dtypes and memory formats); read() is the one way in for the rest: plain values only,
+from plain files in the checkpoint's own directory.
 """
 import json
 import logging
@@ -22,6 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.distributed.checkpoint.filesystem as dcp_filesystem
+from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -58,6 +62,64 @@ dcp_filesystem.pickle = types.SimpleNamespace(
 # When the metadata cannot be read, DCP logs a traceback (on the root logger) before it raises; the
 # callers report the damaged checkpoint themselves, in one line.
 logging.getLogger().addFilter(lambda record: 'metadata is not found' not in record.getMessage())
+
+
+def plain(x):
+    # None, bool, int, float, str, and lists, tuples and dicts of those: all an optimizer's
+    # param_groups hold (lr, betas, eps, amsgrad, foreach, fused, ..., its params' names).
+    if type(x) in (list, tuple):
+        return all(map(plain, x))
+    if type(x) is dict:
+        return all(plain(k) and plain(v) for k, v in x.items())
+    return x is None or type(x) in (bool, int, float, str)
+
+
+class Planner(dcp.DefaultLoadPlanner):
+    # DCP's planner reads each non-tensor entry with torch.load(weights_only=False), a full pickle:
+    # a tampered lr runs a command. weights_only=True (hetgpt adds it no safe globals) calls only
+    # torch's tensor rebuilders and builds only containers, scalars and torch's types (tensors,
+    # sizes, dtypes, devices): no code, but more than param_groups hold, so plain() checks. A
+    # tensor's slot takes no bytes: its weight would stay as initialised, silently.
+    def load_bytes(self, read_item, value):
+        fqn = read_item.dest_index.fqn
+        if isinstance(self.state_dict.get(fqn), torch.Tensor):
+            raise ValueError(f"{fqn} is stored as bytes, not as a tensor")
+        try:
+            value = torch.load(value, weights_only=True)
+        except pickle.UnpicklingError as e:  # (whose message advises weights_only=False)
+            found = re.search(r'Unsupported global: GLOBAL (\S+)', str(e))
+            raise ValueError(f"{fqn} holds {found[1] if found else 'a pickle'}, not plain "
+                             f"values") from None
+        if not plain(value):
+            raise ValueError(f"{fqn} holds a {type(value).__name__}, not plain values")
+        set_element(self.original_state_dict, self.mappings[fqn], value)
+
+
+class Reader(dcp.FileSystemReader):
+    # DCP opens whatever path the .metadata names (an absolute one, ../another_run/__0_0.distcp)
+    # and pipes it through the stream transforms it names: read only files directly in the
+    # checkpoint's directory (symlinks resolved), as they are; hetgpt writes no transforms.
+    def set_up_storage_reader(self, metadata, *args, **kwargs):
+        home = os.path.realpath(self.path)
+        for info in metadata.storage_data.values():
+            name = getattr(info, 'relative_path', None)
+            if not (type(info) is dcp_filesystem._StorageInfo and type(name) is str
+                    and name == os.path.basename(name) and name not in ('', '.', '..')):
+                raise ValueError(f"its .metadata names the file {name!r}, outside the checkpoint")
+            if os.path.dirname(os.path.realpath(os.path.join(home, name))) != home:
+                raise ValueError(f"its {name} is a link to a file outside the checkpoint")
+            transforms = getattr(info, 'transform_descriptors', None)  # (torch >= 2.12)
+            if transforms:
+                raise ValueError(f"its .metadata asks for transforms {transforms}")
+        super().set_up_storage_reader(metadata, *args, **kwargs)
+
+
+def read(path, state_dict):
+    # Checkpoint path into state_dict ({'model': ..., 'optim': ...}, or a part of it): every read
+    # of a checkpoint's shards goes through here. Raises, for the callers to report.
+    with warnings.catch_warnings():  # DCP warns it loads in one process: that is the intent
+        warnings.filterwarnings('ignore', message='torch.distributed is disabled')
+        dcp.load(state_dict, storage_reader=Reader(path), planner=Planner())
 
 
 def first_failure(e):
@@ -140,6 +202,8 @@ def read_meta(path):
     if not (isinstance(meta, dict) and type(meta.get('iter')) is int
             and isinstance(meta.get('model_args'), dict)):
         raise ValueError("hetgpt.json holds no int iter and model_args object")
+    if not isinstance(meta.get('config', {}), dict):
+        raise ValueError("hetgpt.json's config is not an object")
     name = os.path.basename(os.path.normpath(path))  # sample.py may read a renamed copy
     if re.fullmatch(r'ckpt_\d{8}', name) and name != f"ckpt_{meta['iter']:08d}":
         raise ValueError(f"hetgpt.json has iter {meta['iter']}, not the directory's")
@@ -178,9 +242,7 @@ def load_model(path, trim_vocab=True):
         sd = model.state_dict()
         del sd['lm_head.weight']  # tied to wte: loading one is loading both
         wte = sd['transformer.wte.weight'] = torch.empty(args['vocab_size'], args['n_embd'])
-        with warnings.catch_warnings():  # DCP warns it loads in one process: that is the intent
-            warnings.filterwarnings('ignore', message='torch.distributed is disabled')
-            dcp.load({'model': sd}, checkpoint_id=path)
+        read(path, {'model': sd})
     except (Exception, CheckpointException) as e:  # (DCP's exception is a BaseException)
         damaged(path, e)
     with torch.no_grad():
@@ -198,7 +260,7 @@ def load(path, model, optimizer, model_args):
                              if saved.get(k) != v)
             die(f"{path} holds another model ({diff}); use its config or another out_dir")
         model_sd, optim_sd = get_state_dict(model, optimizer)
-        dcp.load({'model': model_sd, 'optim': optim_sd}, checkpoint_id=path)
+        read(path, {'model': model_sd, 'optim': optim_sd})
     except (Exception, CheckpointException) as e:  # (die's SystemExit is neither)
         damaged(path, e)
     set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)

@@ -6,6 +6,7 @@ stop a run at a checkpoint, and the watchdog that ends a job whose ranks stopped
 """
 import atexit
 import functools
+import hashlib
 import json
 import os
 import pickle
@@ -56,6 +57,10 @@ def lock(out_dir):
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
+            if os.path.isdir(path) and not os.path.islink(path):
+                # never one of ours (ours is a file): someone's folder, left as it is
+                die(f"{path} is a directory, not a lock file of a run: move it away (nothing "
+                    f"was touched), or use another out_dir")
             try:
                 owner = json.load(open(path))
                 assert isinstance(owner, dict)
@@ -69,7 +74,12 @@ def lock(out_dir):
                 os.remove(path)
             except FileNotFoundError:
                 pass
+            except OSError as e:  # (a folder that lets us create files but not delete them)
+                die(f"cannot take over the stale lock {path} ({e.strerror}); delete it, or use "
+                    f"another out_dir")
             continue
+        except OSError as e:
+            die(f"cannot make the lock {path} ({e.strerror}); use another out_dir")
         with os.fdopen(fd, 'w') as f:
             json.dump(me, f)
         atexit.register(lambda: _unlock(path, me))
@@ -207,15 +217,21 @@ def open_tokens(path, block_size, vocab_size, dataset):
     if not os.path.exists(path):
         die(f"no {path}: run python data/prepare.py --dataset {dataset} "
             f"(or --input FILES --name {dataset})")
+    if not os.path.isfile(path):
+        die(f"{path} is not a file ({'a directory' if os.path.isdir(path) else 'not regular'}): "
+            f"move it away and run python data/prepare.py for {dataset} again")
     if os.path.getsize(path) % 2:
         die(f"{path} has an odd number of bytes: it is truncated or not uint16; "
             f"run data/prepare.py again")
-    tokens = np.memmap(path, dtype=np.uint16, mode='r') if os.path.getsize(path) else \
-        np.zeros(0, np.uint16)
-    if len(tokens) <= block_size + 1:
-        die(f"{path} has {len(tokens)} tokens, fewer than block_size+1={block_size + 1}; "
-            f"lower block_size or prepare more data")
-    top = max_token(path, tokens)
+    try:
+        tokens = np.memmap(path, dtype=np.uint16, mode='r') if os.path.getsize(path) else \
+            np.zeros(0, np.uint16)
+        if len(tokens) <= block_size + 1:
+            die(f"{path} has {len(tokens)} tokens, fewer than block_size+1={block_size + 1}; "
+                f"lower block_size or prepare more data")
+        top = max_token(path, tokens)
+    except OSError as e:  # unreadable (permissions, an I/O error)
+        die(f"cannot read {path} ({e.strerror or e}); check its permissions or prepare it again")
     if top >= vocab_size:
         die(f"{path} holds token id {top}, not below vocab_size={vocab_size}: wrong tokenizer "
             f"or dtype, or raise vocab_size")
@@ -223,10 +239,31 @@ def open_tokens(path, block_size, vocab_size, dataset):
 
 
 # Every token id of a file below vocab_size, checked once (chunked, vectorised) and the file's
-# largest id cached next to it, keyed by its size and modification time.
+# largest id cached next to it, keyed by its size, modification time and content: a blake2b of
+# SAMPLES blocks of SAMPLE_BYTES, the first, the last and the rest evenly spaced between (the whole
+# file when they cover it), about 4 MB read whatever the file's size. The content key catches a
+# file copied over another of the same size with its times kept (cp -p, rsync -t); a change that
+# falls between the blocks is what check_batch meets, before a step uses it.
+SAMPLES, SAMPLE_BYTES = 66, 1 << 16
+
+
+def content_key(path, size):
+    h = hashlib.blake2b(str(size).encode(), digest_size=16)
+    with open(path, 'rb') as f:
+        if size <= SAMPLES * SAMPLE_BYTES:
+            for block in iter(lambda: f.read(1 << 20), b''):
+                h.update(block)
+        else:
+            for i in range(SAMPLES):
+                f.seek(i * (size - SAMPLE_BYTES) // (SAMPLES - 1))
+                h.update(f.read(SAMPLE_BYTES))
+    return h.hexdigest()
+
+
 def max_token(path, tokens, chunk=1 << 26):
     st = os.stat(path)
-    key = {'size': st.st_size, 'mtime_ns': st.st_mtime_ns}
+    key = {'size': st.st_size, 'mtime_ns': st.st_mtime_ns,
+           'blake2b': content_key(path, st.st_size)}
     cache = path + '.max.json'
     try:
         cached = json.load(open(cache))
@@ -242,6 +279,21 @@ def max_token(path, tokens, chunk=1 << 26):
     except OSError:
         pass
     return top
+
+
+def check_batch(path, windows, offsets, vocab_size):
+    # A batch as train.py takes it: row r holds the tokens of the file at path from offsets[r] on.
+    # One max() per batch; only a bad id is looked for, and named with its offset in tokens. (Under
+    # torchrun each rank checks its own rows; die prints the line once.)
+    if windows.size and int(windows.max()) >= vocab_size:
+        rows, cols = np.nonzero(windows >= vocab_size)
+        at = np.asarray(offsets, dtype=np.int64)[rows] + cols
+        first = int(np.argmin(at))
+        die(f"{path} holds token id {int(windows[rows[first], cols[first]])} at offset "
+            f"{int(at[first])}, not below vocab_size={vocab_size}: the file changed where its "
+            f"cached check ({path}.max.json) samples none of it; no step used it: delete that "
+            f"file to check it whole at start-up, or prepare the data again")
+    return windows
 
 
 # -----------------------------------------------------------------------------
@@ -306,6 +358,65 @@ def membership(was, now):
     name = lambda c: ', '.join(f"{m} ({n} rank{'s' * (n > 1)})" for m, n in c.items())
     return (f"; {len(was)} rank(s) then, {len(now)} now" + (f"; left: {name(left)}" * bool(left))
             + (f"; joined: {name(joined)}" * bool(joined)))
+
+
+# A machine that joins an elastic run must run the same run: the same knobs, the same model.py
+# and train.py, the same torch and the same data. Otherwise DDP either fails on every rank
+# ("expects same model") or, with equal shapes, silently averages two different models.
+def fingerprint(config, data_files):
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = {name: hashlib.sha256(open(os.path.join(here, name), 'rb').read()).hexdigest()[:16]
+            for name in ('model.py', 'train.py')}
+    sizes = {os.path.basename(p): os.path.getsize(p) for p in data_files}
+    return {'config': config, 'code': code, 'torch': torch.__version__, 'data': sizes}
+
+
+def differences(mine, theirs):
+    # What differs between two fingerprints, in words: "n_layer=3 where the run has 2, model.py"
+    out = [f"{k}={mine['config'].get(k)!r} where the run has {v!r}"
+           for k, v in theirs['config'].items() if mine['config'].get(k) != v]
+    out += [f"another {k}" for k in theirs['code'] if mine['code'].get(k) != theirs['code'][k]]
+    if mine['torch'] != theirs['torch']:
+        out.append(f"torch {mine['torch']} where the run has {theirs['torch']}")
+    out += [f"{k} of {n:,} bytes where the run's has {theirs['data'].get(k, 0):,}"
+            for k, n in mine['data'].items() if theirs['data'].get(k) != n]
+    return ', '.join(out)
+
+
+def the_run(prints, saved=None):
+    # Which fingerprint is the run's: the one the checkpoint it resumes recorded, when a rank has
+    # it; else the most ranks' (a tie: the lowest rank's).
+    keys = [json.dumps(p, sort_keys=True) for p in prints]
+    if saved is not None and json.dumps(saved, sort_keys=True) in keys:
+        return saved
+    counts = Counter(keys)
+    return prints[max(range(len(keys)), key=lambda r: (counts[keys[r]], -r))]
+
+
+def same_run(prints, machines, rank, saved=None):
+    # Every rank's fingerprint against the run's. A rank of another run says so in one line (the
+    # first of its machine) and ends its machine's torchrun agent: killed, the agent leaves the
+    # elastic rendezvous open (an agent that exits closes it for every machine). The other ranks
+    # say who left and exit, so that their agents (--max-restarts) restart them without it.
+    run = the_run(prints, saved)
+    odd = [r for r, p in enumerate(prints) if p != run]
+    if not odd:
+        return
+    mine = machines[rank]
+    if rank in odd:
+        if rank == min(r for r in odd if machines[r] == mine):
+            say(f"error: machine {mine} runs another run than the others: "
+                f"{differences(prints[rank], run)}; it leaves, the others go on: use the run's "
+                f"config, code, torch and data on it")
+        if 'TORCHELASTIC_RUN_ID' in os.environ:
+            os.kill(os.getppid(), signal.SIGKILL)
+        sys.exit(2)
+    gone = sorted({machines[r] for r in odd})
+    if rank == min(r for r in range(len(prints)) if r not in odd):
+        say(f"machine(s) {', '.join(gone)} run another run: {differences(prints[odd[0]], run)}; "
+            f"they leave, the others go on without them (torchrun --max-restarts restarts them)")
+    time.sleep(3)  # (the odd agents are killed first: else they might rejoin the next round)
+    sys.exit(3)
 
 
 # -----------------------------------------------------------------------------
@@ -409,6 +520,8 @@ class Watchdog:
                 names = ', '.join(f"rank {r} ({self.store.get(f'who/{r}').decode()})"
                                   for r in silent)
                 cause = f"{names} stopped answering"
+            elif self.limit > self.timeout:
+                continue  # start-up or a checkpoint: compiles and writes take long on live ranks
             else:
                 cause = "every rank is alive but none finished its step (a hung device?)"
             say(f"error: rank {self.rank}: no progress for {waited:.0f} s: {cause}; exiting so "

@@ -133,9 +133,10 @@ def reset_peak_rss():
         return False
 
 
-def _stated_gib(name, local_rank, per_rank):
+def _stated_gib(name, local_rank, per_rank, most=None):
     # The one reader of the HETGPT_*_GIB variables: GiB > 0 and finite (nan and inf fail), as
     # bytes; None when unset. per_rank: one number for every local rank or one per local rank.
+    # most: (bytes, what they are) this rank's number may not exceed; never above ABSURD_GIB.
     text = os.environ.get(name, '')
     if not text:
         return None
@@ -147,7 +148,26 @@ def _stated_gib(name, local_rank, per_rank):
         die(f"{name}={text}: give GiB > 0, " + (
             f"one number or one per local rank (this is local rank {local_rank})" if per_rank
             else "one number: this node's host memory"))
-    return int(gib[local_rank if len(gib) > 1 else 0] * 2**30)
+    mine = gib[local_rank if len(gib) > 1 else 0]
+    limit, what = min(most or (math.inf, ''), (ABSURD_GIB * 2**30, 'any one host has'))
+    if mine * 2**30 > limit:
+        die(f"{name}={text} states {mine:g} GiB" + (
+            f" for local rank {local_rank}" if len(gib) > 1 else '') +
+            f", more than {what} ({limit / 2**30:.1f} GiB): state at most that")
+    return int(mine * 2**30)
+
+
+# HETGPT_HOST_MEM_GIB is for hosts whose /proc/meminfo reads below what they give (README: the GPU
+# host, a microVM that grows with use; bench/gpu_check.sh states 120 there), so it is not held to
+# MemTotal: only an absurd figure is refused, above 64 TiB (the physical address space of CPUs with
+# 46-bit physical addresses, above the largest single hosts sold: HPE Superdome Flex, 48 TiB).
+ABSURD_GIB = 64 * 1024
+
+
+def host_memory_total():
+    # Bytes of RAM the OS sees (MemTotal): the most a CPU rank can have.
+    with open('/proc/meminfo') as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith('MemTotal:'))
 
 
 def return_freed_host_memory():
@@ -168,12 +188,19 @@ def return_freed_host_memory():
         return False
 
 
-def stated_memory(local_rank):
+def stated_memory(local_rank, device_type=None):
     # HETGPT_MEM_GIB: the most memory a rank may take, in GiB, its CUDA context included (a GPU
     # shared with another job; tests make CPU ranks differ with it): one number for every rank of
     # this machine, or one per local rank ('20,80'). Unset: the whole device (a CPU rank: its share
-    # of the host's).
-    return _stated_gib('HETGPT_MEM_GIB', local_rank, per_rank=True)
+    # of the host's). A CPU rank may not state more than its host has: MemTotal, or the host memory
+    # stated where that is more (the microVM above). A CUDA rank's is held to its GPU's total
+    # memory by this_rank, which reads it. (device_type None: only the absurd is refused.)
+    most = None
+    if device_type == 'cpu':
+        total, host = host_memory_total(), stated_host_memory() or 0
+        most = (total, "this host's MemTotal") if total >= host else \
+            (host, "this host's memory as HETGPT_HOST_MEM_GIB states it")
+    return _stated_gib('HETGPT_MEM_GIB', local_rank, per_rank=True, most=most)
 
 
 def stated_host_memory():

@@ -20,7 +20,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field, fields, replace
 
-from balance import lockstep_count, pieces, split, weighted
+from balance import (EXACT, lockstep_count, lockstep_segments, pieces, runs, split,
+                     split_shares, weighted, weighted_shares)
 from configurator import configure, die
 import costs
 from costs import (_config, activation_bytes, counts, flops_per_sequence,
@@ -54,6 +55,23 @@ def flags(strategy):
     shard = strategy.startswith('fsdp')
     return dict(ac='+ac' in strategy, shard=shard, offload='offload' in strategy,
                 reshard_after_forward=shard and strategy != 'fsdp-noreshard')
+
+
+# The model's shape and the batch: what plan.py reads from a config, checked as train.py checks them
+# (train.py's RULES takes these: one table). The upper bounds are far beyond any real run, so that
+# only a slip (an extra zero, 10**9 for 10**3, a product of two large knobs) meets them: 175B
+# models are 96 × 12288, the largest trained widths about 25,000; contexts reach 1-10M tokens,
+# vocabularies 1M. The global batch, MAX_BATCH = 2**24 = 16.8M sequences, is 16 times a 1M-token
+# batch at one token per sequence (GPT-3 175B: 1,536 × 2,048 tokens; Llama 3 405B: 16M tokens in
+# 2,048 sequences), and the bound of the planner's work: its splits of a batch above balance.EXACT
+# take time that does not grow with the batch, but train.py iterates over the micro-batches of
+# each step, and the plan lists them (one int each, per rank; at most MAX_BATCH in all).
+MAX_BATCH = 2**24
+SHAPE_RULES = {
+    'n_layer': '[1, 100000]', 'n_head': '[1, 1048576]', 'n_embd': '[1, 1048576]',
+    'block_size': '[1, 16777216]', 'vocab_size': '[1, 16777216]', 'dropout': '[0, 1)',
+    'bias': '', 'init_std': '> 0', 'batch_size': '[1, 16777216]',
+    'gradient_accumulation_steps': '[0, 16777216]', 'micro_batch_size': '[0, 16777216]'}
 
 
 # -----------------------------------------------------------------------------
@@ -276,7 +294,7 @@ def _evaluate(cfg, batch, ranks, strategy, mbs, dtype, inter_node_bw, weights=No
     run = lambda accumulate: _evaluate_one(cfg, batch, ranks, strategy, mbs, dtype, inter_node_bw,
                                            accumulate, weights, choose)
     first = run(False)
-    if flags(strategy)['shard'] and 'step' in first and max(map(len, first['sizes'])) > 1:
+    if flags(strategy)['shard'] and 'step' in first and max(_counts(first)) > 1:
         second = run(True)
         if 'step' in second and second['step'] < first['step']:
             return second
@@ -348,7 +366,11 @@ def _evaluate_one(cfg, batch, ranks, strategy, mbs, dtype, inter_node_bw, accumu
                                 else 1 / (_dev(r)['hbm'] * 1e9 * HBM_EFFICIENCY)) for r in ranks]
     bw, ring = _bandwidth(ranks, inter_node_bw), (R - 1) / R
     cb = 4 if dtype in ('float32', 'fp32') else 2
-    if not f['shard']:
+    if batch > EXACT:  # the same, in closed form: micro-batches as runs of equal sizes
+        step, share, sizes = _time_runs(batch, caps, c0, c1, opt, f, n, R, ring, bw, cb,
+                                        _comm(f, n, R, ring, bw, cb, ranks, per_node, accumulate,
+                                              mine), accumulate, weights)
+    elif not f['shard']:
         # DDP: each rank alone, then one all-reduce of the fp32 grads (ring: 2(N-1)/N of them),
         # overlapped with the backward (2/3) of the slowest rank's last micro-batch.
         share, sizes = weighted(batch, caps, weights, False) if weights else \
@@ -358,21 +380,7 @@ def _evaluate_one(cfg, batch, ranks, strategy, mbs, dtype, inter_node_bw, accumu
         last = c0[slow] + c1[slow] * max(sizes[slow][-1], 1)
         step = busy[slow] + max(0.0, 2 * ring * 4 * n['total'] / bw - 2 / 3 * last)
     else:
-        # FSDP2 per micro-batch: all-gather of 16-bit weights (forward, and again for backward when
-        # resharded) and a reduce-scatter of fp32 grads, each (N-1)/N of the model; under offload
-        # the fp32 shards cross PCIe to the device before each all-gather and the grads back (one
-        # rank too: no ring, the same copies).
-        gathers = 2 if f['reshard_after_forward'] else 1
-        pcie = min(_dev(r)['host'] for r in ranks) * 1e9 * PCIE_EFFICIENCY
-        gather = ring * gathers * cb * n['total'] / bw + \
-            (gathers * 4 * mine / pcie if f['offload'] else 0)
-        reduce = ring * 4 * n['total'] / bw + (4 * mine / pcie if f['offload'] else 0)
-        # Offloaded and reduced after each micro-batch, every micro-batch but the first adds its
-        # gradients to the host's: FSDP2 then copies them back synchronously (its add on the host
-        # needs them) and adds on the CPU (read 2, write 1 fp32 per parameter): not overlapped.
-        host_add = 0.0
-        if f['offload'] and not accumulate:
-            host_add = 4 * mine / pcie + 12 * mine * max(per_node.values()) / HOST_ADAM_BW
+        gather, reduce, host_add = _comm(f, n, R, ring, bw, cb, ranks, per_node, accumulate, mine)
         # The same count K of micro-batches on every rank; each waits for the slowest rank's
         # piece, and prefetching overlaps the collectives with compute. Try K from the fewest up
         # while the caps still bind the split.
@@ -393,13 +401,83 @@ def _evaluate_one(cfg, batch, ranks, strategy, mbs, dtype, inter_node_bw, accumu
         # the root group (tied embeddings) is gathered before anything can run and reduced after
         # everything has: its collectives are exposed
         step += ring * (cb + 4) * n['root'] / bw if R > 1 else 0.0
-    predicted = [est(r, max(max(ms), 1), len(ms), s)
-                 for r, ms, s in zip(ranks, sizes, ranks_strategy)]
+    result['runs' if batch > EXACT else 'sizes'] = sizes
+    largest = [max(n for n, k in ms if k) if batch > EXACT else max(ms) for ms in sizes]
+    predicted = [est(r, max(b, 1), count, s)
+                 for r, b, count, s in zip(ranks, largest, _counts(result), ranks_strategy)]
     peaks = [_peak(r, dtype) for r in ranks]
     mfu = costs.mfu(cfg, batch, step, sum(peaks) if all(peaks) else None)
-    result.update(share=share, sizes=sizes, predicted=predicted, step=step, mfu=mfu, ac=ac,
+    result.update(share=share, predicted=predicted, step=step, mfu=mfu, ac=ac,
                   tokens_per_sec=batch * cfg.block_size / step)
     return result
+
+
+def _comm(f, n, R, ring, bw, cb, ranks, per_node, accumulate, mine):
+    # FSDP2 per micro-batch: all-gather of 16-bit weights (forward, and again for backward when
+    # resharded) and a reduce-scatter of fp32 grads, each (N-1)/N of the model; under offload
+    # the fp32 shards cross PCIe to the device before each all-gather and the grads back (one
+    # rank too: no ring, the same copies). Offloaded and reduced after each micro-batch, every
+    # micro-batch but the first adds its gradients to the host's: FSDP2 then copies them back
+    # synchronously (its add on the host needs them) and adds on the CPU (read 2, write 1 fp32 per
+    # parameter): not overlapped. Returns the seconds of (gathers, reduce, host add).
+    gathers = 2 if f['reshard_after_forward'] else 1
+    pcie = min(_dev(r)['host'] for r in ranks) * 1e9 * PCIE_EFFICIENCY
+    gather = ring * gathers * cb * n['total'] / bw + \
+        (gathers * 4 * mine / pcie if f['offload'] else 0)
+    reduce = ring * 4 * n['total'] / bw + (4 * mine / pcie if f['offload'] else 0)
+    host_add = 0.0
+    if f['offload'] and not accumulate:
+        host_add = 4 * mine / pcie + 12 * mine * max(per_node.values()) / HOST_ADAM_BW
+    return gather, reduce, host_add
+
+
+def _time_runs(batch, caps, c0, c1, opt, f, n, R, ring, bw, cb, comm, accumulate, weights):
+    # _evaluate_one's step time for a batch above balance.EXACT: each rank's micro-batches as runs
+    # of equal sizes (balance.runs: at most two), summed in closed form, and under FSDP the counts
+    # of micro-batches tried from the fewest up one by one, then by quarters (a bounded number of
+    # tries, where the step-by-step search would try every count while a rank is full).
+    # Returns (step, shares, runs).
+    if not f['shard']:
+        share = weighted_shares(batch, weights) if weights else \
+            split_shares(batch, caps, c0, c1, fixed=opt)
+        rs = [runs(x, m) for x, m in zip(share, caps)]
+        busy = [sum(k * (a + c * max(m, 1)) for m, k in r) + o
+                for a, c, r, o in zip(c0, c1, rs, opt)]
+        slow = max(range(R), key=busy.__getitem__)
+        last = c0[slow] + c1[slow] * max(rs[slow][-1][0], 1)
+        return busy[slow] + max(0.0, 2 * ring * 4 * n['total'] / bw - 2 / 3 * last), share, rs
+    gather, reduce, host_add = comm
+    best, K = None, math.ceil(batch / sum(caps))
+    while K <= batch:
+        share = weighted_shares(batch, weights) if weights else \
+            split_shares(batch, caps, c0, c1, count=K)
+        K = lockstep_count(share, caps) if weights else K
+        rs = [runs(x, m, K) for x, m in zip(share, caps)]
+        segments = lockstep_segments(rs, c0, c1)
+        t = sum(k * max(gather + (0.0 if accumulate else reduce), c) for k, c in segments)
+        if accumulate:  # (the last micro-batch reduces)
+            t += max(gather + reduce, segments[-1][1]) - max(gather, segments[-1][1])
+        t += host_add * (K - 1)
+        if best is None or t + max(opt) < best[0]:
+            best = (t + max(opt), share, rs)
+        if weights or all(x < K * m for x, m in zip(share, caps)):
+            break
+        K += max(1, K // 4)
+    step, share, rs = best  # (+ the exposed root group's collectives, as _evaluate_one says)
+    return step + (ring * (cb + 4) * n['root'] / bw if R > 1 else 0.0), share, rs
+
+
+def _counts(result):  # micro-batches per rank of an _evaluate_one result (lists or runs)
+    if 'runs' in result:
+        return [sum(k for _, k in r) for r in result['runs']]
+    return [len(ms) for ms in result['sizes']]
+
+
+def _expand(rs):  # runs as the list of sizes train.py iterates over
+    out = []
+    for n, k in rs:
+        out += [n] * k
+    return out
 
 
 def _grow(ranks, k):
@@ -475,8 +553,16 @@ def batch_of(batch_size, gradient_accumulation_steps=0, micro_batch_size=0):
     # (global batch, micro-batch) of a config. hetgpt's batch_size is the global batch. A config
     # that sets gradient_accumulation_steps > 0 speaks nanoGPT: batch_size is then the micro-batch
     # and the global batch batch_size × gradient_accumulation_steps, whatever the world size.
+    # A global batch above MAX_BATCH is a mistake: one line (train.py and plan.py call this right
+    # after reading the knobs, before any work).
     if gradient_accumulation_steps > 0:
-        return batch_size * gradient_accumulation_steps, micro_batch_size or batch_size
+        batch, micro = batch_size * gradient_accumulation_steps, micro_batch_size or batch_size
+        if batch > MAX_BATCH:
+            die(f"gradient_accumulation_steps={gradient_accumulation_steps}: the global batch "
+                f"batch_size × gradient_accumulation_steps = {batch_size} × "
+                f"{gradient_accumulation_steps} = {batch:,} sequences is above {MAX_BATCH:,} "
+                f"(2**24); nanoGPT's meaning: batch_size is the micro-batch")
+        return batch, micro
     return batch_size, micro_batch_size
 
 
@@ -532,9 +618,10 @@ def make_plan(model_config, batch_size, ranks, plan='auto', micro_batch_size=0,
         init_device = 'cpu' if all(r['host_mem'] is None or 4 * total * per_node[r['node']]
                                    < r['host_mem'] / 2 for r in ranks) else 'meta'
     f = flags(best['strategy'])
+    sizes = best['sizes'] if 'sizes' in best else [_expand(r) for r in best['runs']]
     return Plan(strategy=best['strategy'], **f, checkpoint=best['ac'], init_device=init_device,
                 reduce_every_micro_batch=f['shard'] and not best['accumulate'],
-                micro_batch=best['caps'], share=best['share'], micro_batches=best['sizes'],
+                micro_batch=best['caps'], share=best['share'], micro_batches=sizes,
                 predicted=best['predicted'], step_time=best['step'],
                 tokens_per_sec=best['tokens_per_sec'], mfu=best['mfu'], fits=bool(feasible),
                 advice=advice, needs=needs, ranks=ranks, batch_size=batch_size,
@@ -649,10 +736,7 @@ def main(argv=None):
     # the model's shape and the batch, as train.py reads them (its knobs of the same names)
     defaults = {f.name: f.default for f in fields(GPTConfig)} | dict(
         batch_size=1, gradient_accumulation_steps=0, micro_batch_size=0)
-    rules = dict(block_size='> 0', vocab_size='> 0', n_layer='> 0', n_head='> 0', n_embd='> 0',
-                 dropout='[0, 1)', bias='', init_std='> 0', batch_size='> 0',
-                 gradient_accumulation_steps='>= 0', micro_batch_size='>= 0')
-    config = configure(defaults, args.config + rest, strict_files=False, rules=rules)
+    config = configure(defaults, args.config + rest, strict_files=False, rules=SHAPE_RULES)
     if config['n_embd'] % config['n_head']:
         die(f"n_embd={config['n_embd']} is not divisible by n_head={config['n_head']}")
     ranks = _cluster(DEFAULT_GPUS if args.gpus is None else args.gpus, args.nodes, args.host_mem)

@@ -15,7 +15,10 @@ def number(x):
 
 
 if '-h' in sys.argv[1:] or '--help' in sys.argv[1:]:
-    print(f"usage: python plot.py OUT_DIR\n{__doc__.rstrip()}")
+    try:
+        print(f"usage: python plot.py OUT_DIR\n{__doc__.rstrip()}", flush=True)
+    except BrokenPipeError:  # `--help | head -1`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (the exit's flush)
     sys.exit(0)
 if len(sys.argv) != 2 or sys.argv[1].startswith('-'):
     die("usage: python plot.py OUT_DIR  (reads OUT_DIR/metrics.jsonl, writes OUT_DIR/loss.png)")

@@ -26,10 +26,12 @@ use_kv_cache = True
 export_hf = ''         # a directory: write the model there as a transformers GPT-2, don't sample
 # -----------------------------------------------------------------------------
 # What each knob may be (configurator.check_rule): a bound, an interval, or a pattern to match.
+# (upper bounds: slips only; top_k's is plan.py's bound on vocab_size)
 RULES = {
-    'init_from': '.+', 'out_dir': '.+', 'start': '', 'num_samples': '>= 1',
-    'max_new_tokens': '>= 0', 'temperature': '>= 0', 'top_k': '>= 0', 'seed': '[0, 4294967295]',
-    'device': 'auto|cpu|cuda(:[0-9]+)?|mps', 'use_kv_cache': '', 'export_hf': ''}
+    'init_from': '.+', 'out_dir': '.+', 'start': '', 'num_samples': '[1, 1000000]',
+    'max_new_tokens': '[0, 100000000]', 'temperature': '>= 0', 'top_k': '[0, 16777216]',
+    'seed': '[0, 4294967295]', 'device': 'auto|cpu|cuda(:[0-9]+)?|mps', 'use_kv_cache': '',
+    'export_hf': ''}
 
 
 def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True,

@@ -12,6 +12,7 @@ import math
 import os
 import re
 import signal
+import sys
 import time
 from contextlib import nullcontext
 
@@ -50,6 +51,7 @@ eval_only = False      # evaluate the model as loaded (init_from) once and exit
 log_interval = 10
 checkpoint_interval = 1000  # and at the end; 0: none (benchmarks), but on SIGTERM/SIGUSR1
 always_save_checkpoint = True  # False: save only at evaluations that lower the val loss (nanoGPT)
+new_dataset = False    # True: resume a checkpoint on another dataset than the one it was trained on
 keep_last = 2          # complete checkpoints kept in out_dir
 wandb_log = False      # offline unless WANDB_API_KEY is set; never blocks training
 wandb_project = 'hetgpt'
@@ -94,20 +96,24 @@ stall_timeout = 300    # seconds with no progress before ranks give up on a sile
 # -----------------------------------------------------------------------------
 # What each knob may be (configurator.check_rule): a bound, an interval, or a pattern to match.
 RULES = {
+    # the model's shape and the batch (gradient_accumulation_steps, micro_batch_size): plan.py's
+    # table, which plan.py checks configs with too; their product is bounded by planner.batch_of
+    **planner.SHAPE_RULES,
     'out_dir': '.+', 'init_from': 'scratch|resume|auto|gpt2(-medium|-large|-xl)?', 'dataset': '.+',
-    'eval_interval': '> 0', 'eval_iters': '> 0', 'log_interval': '> 0', 'keep_last': '>= 1',
-    'checkpoint_interval': '>= 0', 'eval_only': '', 'always_save_checkpoint': '',
-    'gradient_accumulation_steps': '>= 0', 'decay_lr': '', 'wandb_log': '', 'wandb_project': '',
-    'wandb_run_name': '',
-    'n_layer': '> 0', 'n_head': '> 0', 'n_embd': '> 0', 'block_size': '> 0', 'vocab_size': '> 0',
-    'dropout': '[0, 1)', 'bias': '', 'init_std': '> 0', 'batch_size': '> 0', 'max_iters': '> 0',
+    # Upper bounds catch slips only (an extra zero, 10**9 for 10**3): counts of steps up to 1e9,
+    # 100 times a 10M-step run; eval_iters × 8 validation sequences (nanoGPT evaluates 200).
+    'eval_interval': '[1, 1e9]', 'eval_iters': '[1, 1e6]', 'log_interval': '[1, 1e9]',
+    'keep_last': '[1, 1e6]', 'checkpoint_interval': '[0, 1e9]', 'eval_only': '',
+    'always_save_checkpoint': '', 'new_dataset': '', 'decay_lr': '', 'wandb_log': '',
+    'wandb_project': '', 'wandb_run_name': '', 'max_iters': '[1, 1e9]',
     'learning_rate': '> 0', 'weight_decay': '>= 0', 'beta1': '[0, 1)', 'beta2': '[0, 1)',
-    'adam_eps': '>= 0', 'grad_clip': '>= 0', 'max_bad_steps': '>= 1', 'warmup_iters': '>= 0',
-    'lr_decay_iters': '>= 0', 'min_lr': '>= 0', 'seed': '>= 0', 'compile': '',
-    'device': 'auto|cpu|cuda(:[0-9]+)?', 'dtype': 'auto|float32|bfloat16|float16',
-    'plan': '|'.join(map(re.escape, ('auto',) + planner.STRATEGIES)), 'micro_batch_size': '>= 0',
+    'adam_eps': '>= 0', 'grad_clip': '>= 0', 'max_bad_steps': '[1, 1e9]',
+    'warmup_iters': '[0, 1e9]', 'lr_decay_iters': '[0, 1e9]', 'min_lr': '>= 0',
+    'seed': '[0, 1e18]',  # (+ 1,000,003 × iter_num stays within torch.manual_seed's 64 bits)
+    'compile': '', 'device': 'auto|cpu|cuda(:[0-9]+)?', 'dtype': 'auto|float32|bfloat16|float16',
+    'plan': '|'.join(map(re.escape, ('auto',) + planner.STRATEGIES)),
     'memory_fraction': '(0, 1]', 'init_device': 'auto|cpu|meta', 'balance': r'auto|even|[0-9.,]+',
-    'rebalance_interval': '> 0', 'stall_timeout': '>= 0'}
+    'rebalance_interval': '[1, 1e9]', 'stall_timeout': '[0, 1e7]'}  # (seconds: 1e7 is 16 weeks)
 defaults = {k: v for k, v in globals().items() if is_knob(k, v)}
 config = configure(defaults, rules=RULES)
 globals().update(config)
@@ -129,6 +135,20 @@ weights = balance_weights(balance, world_size)  # None: by measured speed
 if batch_size < world_size:
     die(f"batch_size={batch_size} cannot feed {world_size} ranks: raise it or use fewer ranks")
 found = guard.claim(out_dir, rank, init_from)  # writable, locked, not another run's checkpoints
+resume_from = found[-1] if found and init_from in ('resume', 'auto') else None
+try:  # (checked; ckpt.load reads it again)
+    saved = ckpt.read_meta(resume_from) if resume_from else {}
+except (OSError, ValueError) as e:
+    ckpt.damaged(resume_from, e)
+trained_on = saved.get('config', {}).get('dataset', dataset)
+if trained_on != dataset and not new_dataset:
+    die(f"{resume_from} was trained on dataset={trained_on!r}, not {dataset!r}: "
+        f"new_dataset=True to go on with {dataset!r}, or dataset={trained_on!r}")
+if saved.get('iter', 0) >= max_iters and not eval_only:
+    if rank == 0:
+        print(f"{resume_from} is at iter {saved['iter']}, max_iters={max_iters}: nothing to "
+              f"train; raise max_iters to go on", flush=True)
+    sys.exit(0)
 
 # -----------------------------------------------------------------------------
 # Devices and processes. Every run has a process group, one rank or many: the code has one path.
@@ -162,17 +182,25 @@ def batch_offsets(split, step, n):
 
 
 def get_batch(split, offsets):
+    # The windows of block_size+1 tokens at offsets, each id checked below vocab_size (a change to
+    # the file that the start-up check's sampled cache missed: one line, before a step uses it)
     tokens = data[split]
-    x = np.stack([tokens[i:i + block_size] for i in offsets]).astype(np.int64)
-    y = np.stack([tokens[i + 1:i + 1 + block_size] for i in offsets]).astype(np.int64)
+    windows = np.stack([tokens[i:i + block_size + 1] for i in offsets])
+    guard.check_batch(os.path.join('data', dataset, f'{split}.bin'), windows, offsets, vocab_size)
+    x, y = windows[:, :-1].astype(np.int64), windows[:, 1:].astype(np.int64)
     # CUDA: from pinned memory the copy is asynchronous: the host does not wait for the device
     pinned = lambda t: t.pin_memory().to(device, non_blocking=True) if device_type == 'cuda' else t
     return pinned(torch.from_numpy(x)), pinned(torch.from_numpy(y))
 
 
+# Every rank runs the same run: one that does not (another config, code, torch or data: a
+# machine that joined with its own) leaves, the others go on without it.
+fingerprint = guard.fingerprint(config, [os.path.join('data', dataset, f'{split}.bin')
+                                         for split in data])
+guard.same_run(gather(fingerprint), gather(guard.machine()), rank, saved.get('fingerprint'))
+
 # -----------------------------------------------------------------------------
 # The plan, for the ranks as they are, then the model built as it says
-resume_from = found[-1] if found and init_from in ('resume', 'auto') else None
 if init_from.startswith('gpt2'):
     raw_model = hf.from_pretrained(init_from, dropout=dropout)
     model_args = raw_model.config
@@ -182,7 +210,7 @@ if model_args.block_size < block_size:
     die(f"block_size={block_size} exceeds the model's {model_args.block_size}")
 if device_type == 'cuda':  # NCCL makes its buffers at its first collective: this_rank measures them
     dist.all_reduce(torch.zeros(1, device=device))
-stated = hardware.stated_memory(local_rank)  # (HETGPT_MEM_GIB)
+stated = hardware.stated_memory(local_rank, device_type)  # (HETGPT_MEM_GIB; at most the device's)
 costs.optimizer_state_bytes()  # (one step of the optimizer loads what steps load: the
 # process this_rank measures on a CPU is then the one the model's bytes come on top of)
 me = hardware.this_rank(device_type, rank, local_world, stated)
@@ -519,6 +547,7 @@ while iter_num < max_iters and not eval_only:
         watchdog.progress(limit_factor=4)
         path = ckpt.save(out_dir, iter_num, model, optimizer,
                          {'model_args': vars(model_args), 'config': config, 'machines': machines,
+                          'fingerprint': fingerprint,
                           'best_val_loss': None if best_val == math.inf else best_val}, keep_last)
         log(f"iter {iter_num}: checkpoint written to {path}")
     if stop:

@@ -25,12 +25,14 @@ def free_port():
 
 class Agent:
     # One `torchrun --nnodes=MIN:MAX` agent, its output read line by line with the time each came.
-    def __init__(self, name, cwd, args, port, nnodes='1:2', rdzv_conf='', env=None, faults=True):
+    # root: the hetgpt copy whose train.py it runs (a machine with other code)
+    def __init__(self, name, cwd, args, port, nnodes='1:2', rdzv_conf='', env=None, faults=True,
+                 root=ROOT):
         script = [os.path.join(ROOT, 'tests', 'fixture_run.py')] if faults else []
         cmd = [sys.executable, '-m', 'torch.distributed.run', f'--nnodes={nnodes}', '--nproc-per-node=1',
                '--rdzv-backend=c10d', f'--rdzv-endpoint=localhost:{port}', '--rdzv-id=hetgpt',
                '--max-restarts=10', *([f'--rdzv-conf={rdzv_conf}'] if rdzv_conf else []),
-               *script, os.path.join(ROOT, 'train.py'), *args]
+               *script, os.path.join(root, 'train.py'), *args]
         full_env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore', **ELASTIC_ENV,
                         **(env or {}))
         self.name, self.lines = name, []  # (seconds since the epoch, line)

@@ -378,3 +378,40 @@ def test_inconsistent_checkpoint_metadata_is_one_line_and_nothing_is_touched(wor
     p = run_train(work, *RUN, '--max_iters=12', f'--out_dir={out}', '--init_from=resume', check=False)
     assert 'damaged' in one_error_line(p) and 'ckpt_00000010' in p.stderr
     assert snapshot(out) == before
+
+
+# -----------------------------------------------------------------------------
+# 9. Resuming another run's way: another dataset, past max_iters; a short stall_timeout
+def test_a_resume_on_another_dataset_is_one_line_and_goes_on_only_when_asked(work, tmp_path):
+    out = tmp_path / 'run'
+    shutil.copytree(work / 'ten', out)
+    shutil.copytree(work / 'data' / 'synth', work / 'data' / 'other', dirs_exist_ok=True)
+    before = snapshot(out)
+    args = RUN + ['--max_iters=12', f'--out_dir={out}', '--init_from=resume', '--dataset=other']
+    p = run_train(work, *args, check=False)
+    line = one_error_line(p)
+    assert "dataset='synth'" in line and 'new_dataset=True' in line, line
+    assert snapshot(out) == before
+    p = run_train(work, *args, '--new_dataset=True')
+    assert 'iter 12: loss' in p.stdout and latest_checkpoint(out).endswith('ckpt_00000012')
+
+
+@pytest.mark.parametrize('max_iters', [10, 5])
+def test_a_resume_past_max_iters_says_so_and_touches_nothing(work, tmp_path, max_iters):
+    out = tmp_path / 'run'
+    shutil.copytree(work / 'ten', out)
+    before = snapshot(out)
+    p = run_train(work, *RUN, f'--max_iters={max_iters}', f'--out_dir={out}', '--init_from=auto')
+    lines = p.stdout.strip().splitlines()
+    assert len(lines) == 1 and 'is at iter 10' in lines[0] and 'nothing to train' in lines[0], p.stdout
+    assert p.stderr.strip() == '' and snapshot(out) == before
+
+
+def test_a_short_stall_timeout_does_not_end_a_slow_start_up(work):
+    # Compiling makes the start-up of 2 ranks take many seconds with every rank alive: with
+    # stall_timeout=1 only a silent rank may end it (before: "a hung device?" on every rank).
+    out = work / 'short_stall'
+    p = run_train(work, *RUN, '--max_iters=6', f'--out_dir={out.name}', '--compile=True',
+                  '--stall_timeout=1', '--balance=even', nproc=2, check=False)
+    assert p.returncode == 0 and 'no progress' not in p.stderr, p.stderr[-3000:]
+    assert latest_checkpoint(out).endswith('ckpt_00000006')

@@ -1,10 +1,11 @@
 """Ranks that differ in memory, and ranks that come and go (torchrun's elastic agents)."""
+import os
 import re
 import time
 
 import pytest
 
-from trainer import (TINY, latest_checkpoint, load_params, make_dataset, max_rel_diff, metrics,
+from trainer import (ROOT, TINY, latest_checkpoint, load_params, make_dataset, max_rel_diff, metrics,
                      run_train)
 
 # Longer sequences than TINY's, so that activations, not the process, decide what fits in a few
@@ -124,3 +125,57 @@ def test_a_bad_stated_memory_is_one_line(work, stated):
     assert p.returncode == 2 and p.stderr.strip().count('\n') == 0, p.stderr
     assert p.stderr.startswith(f'error: HETGPT_MEM_GIB={stated}: give GiB > 0')
     assert not (work / 'bad_mem' / 'metrics.jsonl').exists()
+
+
+def test_a_machine_of_another_run_that_joins_leaves_and_the_run_goes_on(tmp_path):
+    # One agent trains; a machine joins with another config (--n_layer=3), then one whose model.py
+    # has ReLU for GELU (same shapes: DDP would average two different models without a word). Each
+    # says in one line what differs and leaves; the first goes on, and every loss it logged is the
+    # loss an uninterrupted 1-process run logged at that step.
+    import glob
+    import shutil
+    from elastic_run import Agent, free_port, wait_for
+    make_dataset(tmp_path)
+    args = TINY + ['--batch_size=4', '--max_iters=30', '--eval_interval=100', '--checkpoint_interval=4',
+                   '--keep_last=2', '--init_from=auto', '--stall_timeout=60']
+    straight = run_train(tmp_path, *args, '--out_dir=straight').stdout
+    relu = tmp_path / 'relu'
+    relu.mkdir()
+    for f in glob.glob(os.path.join(ROOT, '*.py')):
+        shutil.copy(f, relu)
+    model = (relu / 'model.py').read_text()
+    assert "nn.GELU(approximate='tanh')" in model
+    (relu / 'model.py').write_text(model.replace("nn.GELU(approximate='tanh')", 'nn.ReLU()'))
+    port, conf = free_port(), 'last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=3'
+    agent = lambda name, extra=(), root=ROOT: Agent(
+        name, tmp_path, args + ['--out_dir=elastic', *extra], port, rdzv_conf=conf, root=root,
+        env={'HETGPT_TEST_SLOW_RANK': '*:0.05'})
+    a = agent('A')
+    steps = lambda: len(re.findall(r'iter \d+: loss', a.text()))
+    joiners = []
+    try:
+        for extra, root, differs in ((['--n_layer=3'], ROOT, 'n_layer=3 where the run has 2'),
+                                     ((), str(relu), 'another model.py')):
+            before = steps()
+            assert wait_for(lambda: steps() >= before + 4, 120), a.text()
+            joiners.append(agent(f'odd{len(joiners)}', extra, root))
+            assert joiners[-1].wait(120) != 0
+            out = joiners[-1].text()
+            errors = [line for line in out.splitlines() if 'error:' in line]
+            assert len(errors) == 1 and differs in errors[0] and 'leaves' in errors[0], out
+            assert 'Traceback' not in out, out
+        assert a.wait(300) == 0, a.text()[-5000:]
+    finally:
+        for x in [a] + joiners:
+            if x.p.poll() is None:
+                x.wait(0)
+    log = a.text()
+    assert log.count('run another run') == 2, log
+    expected = {int(k): float(v) for k, v in re.findall(r'iter (\d+): loss ([\d.]+)', straight)}
+    logged = [(int(k), float(v)) for k, v in re.findall(r'iter (\d+): loss ([\d.]+)', log)]
+    assert {k for k, _ in logged} == set(expected), log
+    assert all(abs(v - expected[k]) <= 1e-5 * expected[k] for k, v in logged), log
+    one = load_params(latest_checkpoint(tmp_path / 'straight'))
+    two = load_params(latest_checkpoint(tmp_path / 'elastic'))
+    assert latest_checkpoint(tmp_path / 'elastic').endswith('ckpt_00000030')
+    assert max_rel_diff(two, one) < 1e-5

@@ -1,0 +1,184 @@
+"""
+Issue 23 (item 3): planning takes bounded time whatever the global batch, and every knob has an
+upper bound where a larger value can only be a slip. A hang shows here as a subprocess timeout.
+"""
+import ast
+import heapq
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+
+import pytest
+
+from trainer import ROOT, TINY, run_train
+import balance
+import configurator
+import plan as planner
+
+PLAN = [sys.executable, os.path.join(ROOT, 'plan.py')]
+BOUNDED = {'gradient_accumulation_steps', 'batch_size', 'micro_batch_size', 'max_iters', 'n_layer',
+           'n_head', 'n_embd', 'block_size', 'vocab_size', 'eval_iters', 'eval_interval',
+           'log_interval', 'keep_last', 'warmup_iters', 'lr_decay_iters', 'checkpoint_interval',
+           'rebalance_interval', 'stall_timeout', 'max_bad_steps', 'seed'}
+
+
+def one_error_line(p, knob):
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2, (p.returncode, p.stdout[-2000:], p.stderr[-2000:])
+    assert len(lines) == 1 and lines[0].startswith('error: ') and knob in lines[0], p.stderr
+    return lines[0]
+
+
+def nanogpt_config(tmp_path, steps='10**9'):
+    path = tmp_path / 'huge_accumulation.py'
+    path.write_text(f"batch_size = 12\ngradient_accumulation_steps = {steps}\n")
+    return str(path)
+
+
+@pytest.mark.parametrize('steps,says', [('10**9', 'must be in [0, 16777216]'),  # the knob
+                                        ('10**7', '120,000,000 sequences')])  # × batch_size 12
+def test_plan_answers_a_huge_accumulation_in_one_line(tmp_path, steps, says):
+    p = subprocess.run(PLAN + ['configs/gpt_tiny.py', nanogpt_config(tmp_path, steps)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert says in one_error_line(p, 'gradient_accumulation_steps') and not p.stdout
+
+
+def test_train_refuses_a_billion_accumulation_steps_before_any_work(tmp_path):
+    p = run_train(tmp_path, *TINY, nanogpt_config(tmp_path), '--out_dir=never', check=False,
+                  timeout=60)
+    one_error_line(p, 'gradient_accumulation_steps')
+    assert 'planning' not in p.stdout and not (tmp_path / 'never').exists()
+
+
+LARGEST = f"""
+import json, runpy, sys
+import plan as planner
+from model import config_from
+out = []
+for name, gpus, host in {[('gpt_tiny', '2xcpu', 16),
+                          ('gpt_1p3b', '1xA100-80GB,1xV100-32GB,2xT4', None),
+                          ('gpt_175b', '1xH200', None)]}:
+    d = runpy.run_path(f'configs/{{name}}.py')
+    cfg = config_from({{k: v for k, v in d.items() if not k.startswith('_')}})
+    p = planner.make_plan(cfg, planner.MAX_BATCH, planner._cluster(gpus, 0, host))
+    out.append(dict(name=name, fits=p.fits, shard=p.shard, share=p.share, cap=p.micro_batch,
+                    total=sum(map(sum, p.micro_batches)), sums=list(map(sum, p.micro_batches)),
+                    largest=[max(m) for m in p.micro_batches], counts=p.accum))
+print(json.dumps(out))
+"""
+
+
+def test_the_largest_batch_allowed_plans_and_its_micro_batches_sum_to_it():
+    # 2**24 sequences: one and several ranks, DDP and FSDP's lockstep, micro-batches of one
+    # sequence (175B on one H200: 16.8M of them)
+    p = subprocess.run([sys.executable, '-c', LARGEST], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert p.returncode == 0, p.stderr[-3000:]
+    for r in json.loads(p.stdout.splitlines()[-1]):
+        assert r['fits'] and r['total'] == planner.MAX_BATCH == sum(r['share']), r['name']
+        assert r['sums'] == r['share'] and all(b <= c for b, c in zip(r['largest'], r['cap']))
+        if r['shard']:
+            assert len(set(r['counts'])) == 1, r  # lockstep: as many on every rank
+    assert [r['shard'] for r in json.loads(p.stdout.splitlines()[-1])] == [False, True, True]
+
+
+def test_plan_takes_the_largest_batch_and_refuses_one_more(tmp_path):
+    ok = subprocess.run(PLAN + ['configs/gpt_tiny.py', '--gradient_accumulation_steps=2097152'],
+                        cwd=ROOT, capture_output=True, text=True, timeout=60)  # 8 × 2**21 = 2**24
+    assert ok.returncode == 0 and 'batch 16777216 × 256 tokens' in ok.stdout, ok.stderr[-2000:]
+    over = subprocess.run(PLAN + ['configs/gpt_tiny.py', '--gradient_accumulation_steps=2097153'],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    one_error_line(over, 'gradient_accumulation_steps')
+
+
+def test_the_175b_dry_run_completes_at_its_batch_and_at_the_largest():
+    for extra in ([], ['--batch_size=16777216']):
+        p = subprocess.run(PLAN + ['configs/gpt_175b.py', *extra], cwd=ROOT, capture_output=True,
+                           text=True, timeout=60)
+        assert p.returncode == 0 and 'plan: fsdp+ac+offload (fits)' in p.stdout, p.stderr[-2000:]
+
+
+# -----------------------------------------------------------------------------
+# The knob tables
+def train_rules():
+    tree = ast.parse(open(os.path.join(ROOT, 'train.py')).read())
+    node = next(n for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == 'RULES')
+    return eval(compile(ast.Expression(node.value), 'train.py', 'eval'),
+                {'re': re, 'planner': planner})
+
+
+def train_defaults():
+    tree = ast.parse(open(os.path.join(ROOT, 'train.py')).read())
+    return {n.targets[0].id: n.value.value for n in tree.body
+            if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name)
+            and isinstance(n.value, ast.Constant)
+            and configurator.is_knob(n.targets[0].id, n.value.value)}
+
+
+def test_plan_and_train_check_the_shape_and_batch_from_one_table(capsys):
+    rules = train_rules()
+    assert {k: rules[k] for k in planner.SHAPE_RULES} == planner.SHAPE_RULES
+    for arg in ('--n_layer=100001', '--vocab_size=16777217', '--batch_size=16777217'):
+        with pytest.raises(SystemExit) as e:
+            planner.main(['configs/gpt_tiny.py', arg])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1 and arg[2:].split('=')[0] in err[0], err
+
+
+def test_upper_bounds_refuse_one_past_them_and_no_real_run(capsys):
+    rules, defaults = train_rules(), train_defaults()
+    bounded = {k for k, r in rules.items() if r[:1] in '[(' and type(defaults[k]) is int}
+    assert BOUNDED <= bounded, BOUNDED - bounded
+    for key in sorted(bounded):
+        high = int(float(rules[key].split(',')[1].strip(' ])')))
+        assert configurator.configure(defaults, [f'--{key}={high}'], rules=rules)[key] == high
+        with pytest.raises(SystemExit) as e:
+            configurator.configure(defaults, [f'--{key}={high + 1}'], rules=rules)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1 and f'{key}={high + 1}' in err[0], err
+    # real runs pass: 175B, a 1M-token batch of 1M-token sequences, a 1M vocabulary, 10M steps
+    real = ['configs/gpt_175b.py', '--vocab_size=1048576', '--block_size=1048576',
+            '--max_iters=10000000', '--lr_decay_iters=10000000', '--warmup_iters=100000',
+            '--eval_interval=1000000', '--checkpoint_interval=1000000', '--stall_timeout=86400']
+    config = configurator.configure(defaults, real, rules=rules)
+    assert planner.batch_of(config['batch_size']) == (1472, 0)
+    assert planner.batch_of(16, 65536) == (2**20, 16)  # nanoGPT's: 1M sequences
+
+
+# -----------------------------------------------------------------------------
+# The splits above balance.EXACT are computed at once: the same as the greedy's, one at a time
+def greedy(batch, c0, c1, caps):
+    n, heap = [0] * len(caps), [(c0[i] + c1[i], i) for i in range(len(caps)) if caps[i] > 0]
+    heapq.heapify(heap)
+    for _ in range(batch):
+        _, i = heapq.heappop(heap)
+        n[i] += 1
+        if n[i] < caps[i]:
+            heapq.heappush(heap, (c0[i] + c1[i] * (n[i] + 1), i))
+    return n
+
+
+def test_the_split_at_once_is_the_greedy_split_and_lockstep_holds_the_batch():
+    rng = random.Random(23)
+    for _ in range(150):  # ties included: equal speeds, c1 = 0, thirds
+        R = rng.randint(1, 6)
+        c0 = [rng.choice([0.0, 0.1, 1.0, rng.random()]) for _ in range(R)]
+        c1 = [rng.choice([0.0, 1 / 3, 0.5, 1.0, rng.random()]) for _ in range(R)]
+        caps = [rng.choice([0, 1, 7, 3000, rng.randint(1, 9000)]) for _ in range(R)]
+        if sum(caps) <= balance.EXACT:
+            continue
+        batch = rng.randint(balance.EXACT + 1, sum(caps))
+        assert balance.split_batch(batch, c0, c1, caps) == greedy(batch, c0, c1, caps)
+    c0, c1, caps = [1e-3] * 3, [0.01, 0.05, 0.02], [8, 2, 1]
+    for count, batch in ((300, 3299), (1000, 4097), (2**18, 2**21 + 5)):
+        n = balance.split_batch(batch, c0, c1, caps, count=count)
+        assert sum(n) == batch and all(x <= count * c for x, c in zip(n, caps)), n
+        sizes = balance.pieces(n, caps, count)
+        each = [[a + b * max(m, 1) for m in ms] for a, b, ms in zip(c0, c1, sizes)]
+        assert balance.step_time(sizes, c0, c1, True) == \
+            pytest.approx(sum(map(max, zip(*each))), rel=1e-9)
+        assert balance.step_time(sizes, c0, c1, False) == \
+            pytest.approx(max(map(sum, each)), rel=1e-9)
