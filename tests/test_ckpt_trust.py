@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from trainer import ROOT, TINY, latest_checkpoint, make_dataset, run_train, train_command
+from trainer import (ROOT, TINY, latest_checkpoint, make_dataset, one_error_line, run_train, snapshot,
+                     train_command)
 
 RUN = TINY + ['--batch_size=4', '--eval_interval=100']
 TEN = RUN + ['--max_iters=10', '--checkpoint_interval=1', '--keep_last=2']  # ckpt 9 and 10 kept
@@ -116,19 +117,6 @@ print(json.dumps(read))
 
 def env():
     return dict(os.environ, OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore')
-
-
-def one_error_line(p):
-    lines = p.stderr.strip().splitlines()
-    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
-    assert len(lines) == 1 and lines[0].startswith('error: ') and 'Traceback' not in p.stderr, p.stderr
-    return lines[0]
-
-
-def snapshot(out):
-    # Every file under out with its bytes: "nothing saved was touched" compares two of these.
-    return {os.path.relpath(os.path.join(d, f), out): open(os.path.join(d, f), 'rb').read()
-            for d, _, files in os.walk(out) for f in files if f != '.lock'}
 
 
 @pytest.fixture(scope='module')

@@ -16,7 +16,8 @@ import time
 import numpy as np
 import pytest
 
-from trainer import ROOT, TINY, latest_checkpoint, make_dataset, run_train, train_command
+from trainer import (ROOT, TINY, latest_checkpoint, make_dataset, one_error_line, run_train, snapshot,
+                     train_command)
 import configurator
 import plan as planner
 
@@ -26,19 +27,6 @@ TEN = RUN + ['--max_iters=10', '--checkpoint_interval=1', '--keep_last=2']  # ck
 
 def env(**extra):
     return dict(os.environ, OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore', **extra)
-
-
-def one_error_line(p):
-    lines = p.stderr.strip().splitlines()
-    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
-    assert len(lines) == 1 and lines[0].startswith('error: ') and 'Traceback' not in p.stderr, p.stderr
-    return lines[0]
-
-
-def snapshot(out):
-    # Every file under out with its bytes: "nothing saved was touched" compares two of these.
-    return {os.path.relpath(os.path.join(d, f), out): open(os.path.join(d, f), 'rb').read()
-            for d, _, files in os.walk(out) for f in files if f != '.lock'}
 
 
 @pytest.fixture(scope='module')

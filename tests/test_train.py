@@ -73,7 +73,7 @@ def test_keep_last_keeps_n_checkpoints(work):
 @pytest.mark.parametrize('args, words', [
     (['--lerning_rate=1e-3'], ['unknown config key', 'learning_rate']),
     (['--batch_size=eight'], ['batch_size', 'expected int']),
-    (['--n_layer=0'], ['n_layer', '> 0']),
+    (['--n_layer=0'], ['n_layer', '[1, 100000]']),
     (['--n_embd=30', '--n_head=4'], ['not divisible']),
     (['--dataset=nothere'], ['python data/prepare.py']),
     (['--plan=zero3'], ['plan', 'fsdp']),
@@ -81,7 +81,7 @@ def test_keep_last_keeps_n_checkpoints(work):
     (['--init_from=resume', '--out_dir=empty'], ['no checkpoint']),
     (['--block_size=100000'], ['fewer than block_size']),
     (['--max_iters'], ['--key=value']),
-    (['--batch_size=-4'], ['batch_size', '> 0']),
+    (['--batch_size=-4'], ['batch_size', '[1, 16777216]']),
     (['--learning_rate=-1.0'], ['learning_rate']),
     (['--min_lr=1.0'], ['min_lr', 'above learning_rate']),
     (['--warmup_iters=-1'], ['warmup_iters']),

@@ -13,25 +13,11 @@ import sys
 import numpy as np
 import pytest
 
-from trainer import ROOT, TINY, make_dataset, run_train
+from trainer import ROOT, TINY, make_dataset, one_error_line, run_train, snapshot
 import guard
 
 RUN = TINY + ['--batch_size=4', '--eval_interval=100', '--max_iters=2']
 BLOCK, COUNT = 1 << 16, 66  # the sampled blocks, as guard's comment documents them
-
-
-def one_error_line(p):
-    lines = p.stderr.strip().splitlines()
-    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
-    assert len(lines) == 1 and lines[0].startswith('error: '), p.stderr
-    assert 'Traceback' not in p.stderr, p.stderr
-    return lines[0]
-
-
-def snapshot(out):
-    # Every file under out with its bytes: "nothing saved was touched" compares two of these.
-    return {os.path.relpath(os.path.join(d, f), out): open(os.path.join(d, f), 'rb').read()
-            for d, _, files in os.walk(out) for f in files}
 
 
 def trained_nothing(out):

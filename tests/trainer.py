@@ -51,6 +51,20 @@ def run_train(cwd, *args, nproc=1, check=True, timeout=600, env=None, faults=Fal
     return p
 
 
+def one_error_line(p):
+    # A user mistake's outcome: exit 2 and one `error: ...` line on stderr, no traceback
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
+    assert len(lines) == 1 and lines[0].startswith('error: ') and 'Traceback' not in p.stderr, p.stderr
+    return lines[0]
+
+
+def snapshot(out):
+    # Every file under out with its bytes: "nothing saved was touched" compares two of these.
+    return {os.path.relpath(os.path.join(d, f), out): open(os.path.join(d, f), 'rb').read()
+            for d, _, files in os.walk(out) for f in files if f != '.lock'}
+
+
 def load_params(ckpt_dir):
     return ckpt.load_model(ckpt_dir, trim_vocab=False).state_dict()  # as saved
 
