@@ -131,12 +131,13 @@ def test_a_machine_of_another_run_that_joins_leaves_and_the_run_goes_on(tmp_path
     # One agent trains; a machine joins with another config (--n_layer=3), then one whose model.py
     # has ReLU for GELU (same shapes: DDP would average two different models without a word). Each
     # says in one line what differs and leaves; the first goes on, and every loss it logged is the
-    # loss an uninterrupted 1-process run logged at that step.
+    # loss an uninterrupted 1-process run logged at that step. (Each machine joins while the run has
+    # seconds left: one that came after its end would find nothing to train and exit 0.)
     import glob
     import shutil
     from elastic_run import Agent, free_port, wait_for
     make_dataset(tmp_path)
-    args = TINY + ['--batch_size=4', '--max_iters=30', '--eval_interval=100', '--checkpoint_interval=4',
+    args = TINY + ['--batch_size=4', '--max_iters=48', '--eval_interval=100', '--checkpoint_interval=4',
                    '--keep_last=2', '--init_from=auto', '--stall_timeout=60']
     straight = run_train(tmp_path, *args, '--out_dir=straight').stdout
     relu = tmp_path / 'relu'
@@ -149,7 +150,7 @@ def test_a_machine_of_another_run_that_joins_leaves_and_the_run_goes_on(tmp_path
     port, conf = free_port(), 'last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=3'
     agent = lambda name, extra=(), root=ROOT: Agent(
         name, tmp_path, args + ['--out_dir=elastic', *extra], port, rdzv_conf=conf, root=root,
-        env={'HETGPT_TEST_SLOW_RANK': '*:0.05'})
+        env={'HETGPT_TEST_SLOW_RANK': '*:0.1'})
     a = agent('A')
     steps = lambda: len(re.findall(r'iter \d+: loss', a.text()))
     joiners = []
@@ -157,9 +158,9 @@ def test_a_machine_of_another_run_that_joins_leaves_and_the_run_goes_on(tmp_path
         for extra, root, differs in ((['--n_layer=3'], ROOT, 'n_layer=3 where the run has 2'),
                                      ((), str(relu), 'another model.py')):
             before = steps()
-            assert wait_for(lambda: steps() >= before + 4, 120), a.text()
+            assert wait_for(lambda: steps() >= before + 2, 120), a.text()
             joiners.append(agent(f'odd{len(joiners)}', extra, root))
-            assert joiners[-1].wait(120) != 0
+            assert joiners[-1].wait(120) != 0, joiners[-1].text() + "\n=====A\n" + a.text()
             out = joiners[-1].text()
             errors = [line for line in out.splitlines() if 'error:' in line]
             assert len(errors) == 1 and differs in errors[0] and 'leaves' in errors[0], out
@@ -177,5 +178,5 @@ def test_a_machine_of_another_run_that_joins_leaves_and_the_run_goes_on(tmp_path
     assert all(abs(v - expected[k]) <= 1e-5 * expected[k] for k, v in logged), log
     one = load_params(latest_checkpoint(tmp_path / 'straight'))
     two = load_params(latest_checkpoint(tmp_path / 'elastic'))
-    assert latest_checkpoint(tmp_path / 'elastic').endswith('ckpt_00000030')
+    assert latest_checkpoint(tmp_path / 'elastic').endswith('ckpt_00000048')
     assert max_rel_diff(two, one) < 1e-5
