@@ -140,34 +140,38 @@ def test_checkpoint_from_two_ranks_resumes_on_another_world_size(work, world):
     same_as_straight(work, out, tol=1e-5)
 
 
-@pytest.mark.parametrize('how', ['SIGTERM', 'Ctrl-C'])
+@pytest.mark.parametrize('how', ['SIGTERM', 'Ctrl-C', 'SIGUSR1'])
 def test_a_signal_to_torchrun_checkpoints_and_torchrun_exits_as_readme_says(work, how):
-    # A scheduler's SIGTERM to torchrun's agent, or Ctrl-C in its terminal (SIGINT to its process
-    # group): every rank checkpoints at the end of its step; torchrun's own exit code is the one
-    # README states; the run resumes exactly.
+    # A scheduler's SIGTERM to torchrun's agent, Ctrl-C in its terminal (SIGINT to its process
+    # group), Slurm's SIGUSR1 to that group with the flag README gives: every rank checkpoints at
+    # the end of its step; torchrun's own exit code is the one README states; the run resumes
+    # exactly (SIGTERM and Ctrl-C: the ranks' side of SIGUSR1 is test_signal_checkpoints...).
     import re
     out = work / f'torchrun_{how}'
     common = RUN + [f'--out_dir={out.name}', '--init_from=auto', '--balance=even']
-    run_train(work, *common[:-3], f'--out_dir=straight_{how}', '--balance=even', nproc=2)
-    p = subprocess.Popen(train_command(2) + common + ['--checkpoint_interval=100'], cwd=work,
-                         env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         start_new_session=True)
+    flag = ['--signals-to-handle=SIGTERM,SIGINT,SIGUSR1'] if how == 'SIGUSR1' else []
+    p = subprocess.Popen(train_command(2, torchrun_args=flag) + common + ['--checkpoint_interval=100'],
+                         cwd=work, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, start_new_session=True)
     for line in p.stdout:
         if line.startswith('iter 3: loss'):
             if how == 'SIGTERM':
                 p.send_signal(signal.SIGTERM)
             else:
-                os.killpg(p.pid, signal.SIGINT)
+                os.killpg(p.pid, signal.SIGINT if how == 'Ctrl-C' else signal.SIGUSR1)
             break
     log, _ = p.communicate(timeout=120)
     assert 'stopped by a signal; checkpoint saved' in log, log[-3000:]
     readme = open(os.path.join(os.path.dirname(__file__), '..', 'README.md')).read()
     stated = re.search(r'signal torchrun itself.*?torchrun exits (\d)', readme, re.S)
     assert stated and p.returncode == int(stated[1]), (p.returncode, log[-3000:])
-    assert f"Received {2 if how == 'Ctrl-C' else 15} death signal" in log and \
-        f"Received {2 if how == 'Ctrl-C' else 15} death signal" in readme.replace('(2 for Ctrl-C)', '') \
-        or how == 'Ctrl-C'
+    number = {'SIGTERM': 15, 'Ctrl-C': 2, 'SIGUSR1': 10}[how]
+    assert f"Received {number} death signal" in log
     assert 3 <= int(latest_checkpoint(out).rsplit('_', 1)[1]) < 12
+    if how == 'SIGUSR1':
+        assert '--signals-to-handle=SIGTERM,SIGINT,SIGUSR1' in readme
+        return
+    run_train(work, *common[:-3], f'--out_dir=straight_{how}', '--balance=even', nproc=2)
     run_train(work, *common, nproc=2)
     a = load_params(latest_checkpoint(work / f'straight_{how}'))
     assert max_rel_diff(load_params(latest_checkpoint(out)), a) == 0.0
