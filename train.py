@@ -271,6 +271,7 @@ if not run_plan.shard:
     model = DDP(raw_model, gradient_as_bucket_view=True) if world_size > 1 else raw_model
 optimizer = make_optimizer(model.parameters(), learning_rate, weight_decay, (beta1, beta2),
                            adam_eps)
+base_lrs = [group['lr'] for group in optimizer.param_groups]  # each group's own (make_optimizer's)
 scaler = torch.amp.GradScaler(device_type, enabled=dtype == 'float16')
 
 
@@ -479,8 +480,8 @@ t_log, steps_since, loss_acc = time.perf_counter(), 0, torch.zeros((), device=de
 while iter_num < max_iters and not eval_only:
     torch.manual_seed(seed + 1_000_003 * iter_num + rank)  # dropout: by (seed, step, rank)
     lr = get_lr(iter_num)
-    for group in optimizer.param_groups:
-        group['lr'] = lr
+    for group, base in zip(optimizer.param_groups, base_lrs):  # the schedule scales each group
+        group['lr'] = base * lr / learning_rate
     start = sum(map(sum, sizes[:rank]))
     offsets = batch_offsets('train', iter_num, batch_size)[start:start + sum(sizes[rank])]
     # Per-rank compute time: on CPU always; on CUDA (it synchronises) just before a rebalance
@@ -523,11 +524,12 @@ while iter_num < max_iters and not eval_only:
         mfu = costs.mfu(trained_args, batch_size, dt, peak_sum)
         mem, reserved, host = hardware.peak_memory(device_type, host_reset)  # GiB
         eta = dt * (max_iters - iter_num)
-        log(f"iter {iter_num}: loss {loss_val:.4f}, lr {lr:.2e}, {tps:,.0f} tok/s, "
-            f"mfu {'n/a' if mfu is None else f'{100 * mfu:.1f}%'}, mem {mem:.2f} GiB, "
-            f"eta {eta / 3600:.0f}h{eta % 3600 / 60:02.0f}m")
+        grad_norm = norm.item()  # the last step's, before clipping
+        log(f"iter {iter_num}: loss {loss_val:.4f}, lr {lr:.2e}, grad norm {grad_norm:.3g}, "
+            f"{tps:,.0f} tok/s, mfu {'n/a' if mfu is None else f'{100 * mfu:.1f}%'}, "
+            f"mem {mem:.2f} GiB, eta {eta / 3600:.0f}h{eta % 3600 / 60:02.0f}m")
         record({'iter': iter_num, 'tokens': iter_num * tokens_per_step, 'loss': loss_val, 'lr': lr,
-                'tokens_per_sec': tps, 'mfu': mfu, 'mem_gib': mem,
+                'grad_norm': grad_norm, 'tokens_per_sec': tps, 'mfu': mfu, 'mem_gib': mem,
                 'reserved_gib': reserved, 'host_gib': host})
         if world_size > 1 and busy[1] > 0:
             log_ranks(ran, busy)

@@ -1,5 +1,4 @@
 """Ranks that differ in memory, and ranks that come and go (torchrun's elastic agents)."""
-import os
 import re
 import time
 
@@ -133,20 +132,13 @@ def test_a_machine_of_another_run_that_joins_leaves_and_the_run_goes_on(tmp_path
     # says in one line what differs and leaves; the first goes on, and every loss it logged is the
     # loss an uninterrupted 1-process run logged at that step. (Each machine joins while the run has
     # seconds left: one that came after its end would find nothing to train and exit 0.)
-    import glob
-    import shutil
     from elastic_run import Agent, free_port, wait_for
+    from trainer import edited_copy
     make_dataset(tmp_path)
     args = TINY + ['--batch_size=4', '--max_iters=48', '--eval_interval=100', '--checkpoint_interval=4',
                    '--keep_last=2', '--init_from=auto', '--stall_timeout=60']
     straight = run_train(tmp_path, *args, '--out_dir=straight').stdout
-    relu = tmp_path / 'relu'
-    relu.mkdir()
-    for f in glob.glob(os.path.join(ROOT, '*.py')):
-        shutil.copy(f, relu)
-    model = (relu / 'model.py').read_text()
-    assert "nn.GELU(approximate='tanh')" in model
-    (relu / 'model.py').write_text(model.replace("nn.GELU(approximate='tanh')", 'nn.ReLU()'))
+    relu = edited_copy(tmp_path / 'relu', 'model.py', "nn.GELU(approximate='tanh')", 'nn.ReLU()')
     port, conf = free_port(), 'last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=3'
     agent = lambda name, extra=(), root=ROOT: Agent(
         name, tmp_path, args + ['--out_dir=elastic', *extra], port, rdzv_conf=conf, root=root,

@@ -191,3 +191,44 @@ def test_compiled_training_matches_eager_and_the_log_says_how_it_ran(work):
     p = run_train(work, *TINY, '--batch_size=2', '--max_iters=1', '--dtype=auto', '--out_dir=auto')
     native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
     assert ('bfloat16 (auto: native bfloat16)' if native else 'float32 (auto: no native bfloat16)') in p.stdout
+
+
+def test_per_group_learning_rates_keep_their_ratio_through_warmup_and_decay(tmp_path):
+    # A researcher's edit: the no-decay group (biases, LayerNorm gains) at a tenth of the learning
+    # rate, set in make_optimizer. The schedule scales each group's own lr (before, the loop wrote
+    # one lr into every group and the tenth was lost). Read back from the checkpoints the run
+    # writes: in warmup (iter 1), at its end, and in the cosine decay, against the formula.
+    import importlib.util
+    import math
+    import subprocess
+    import sys
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from trainer import edited_copy
+    import ckpt
+    one = "{'params': [p for p in params if p.dim() < 2], 'weight_decay': 0.0"
+    code = edited_copy(tmp_path / 'code', 'model.py', one, one + ", 'lr': learning_rate / 10")
+    make_dataset(tmp_path)
+    args = TINY + ['--batch_size=4', '--max_iters=12', '--eval_interval=100',
+                   '--checkpoint_interval=1', '--keep_last=100', '--out_dir=out']
+    p = subprocess.run([sys.executable, str(code / 'train.py'), *args], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore'))
+    assert p.returncode == 0, p.stderr[-3000:]
+    spec = importlib.util.spec_from_file_location('edited_model', code / 'model.py')
+    edited = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(edited)
+    model = edited.GPT(edited.GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32,
+                                        vocab_size=256, bias=False))
+    base, low, warmup, decay = 3e-3, 3e-4, 2, 20  # TINY's learning_rate, min_lr, warmup, decay
+    for it in (1, 2, 3, 8, 12):
+        optimizer = edited.make_optimizer(model.parameters(), base)
+        _, state = get_state_dict(model, optimizer)
+        ckpt.read(str(tmp_path / 'out' / f'ckpt_{it:08d}'), {'optim': state})
+        lrs = [g['lr'] for g in state['param_groups']]
+        step = it - 1  # the lr of the update that made checkpoint it
+        want = base * (step + 1) / (warmup + 1) if step < warmup else \
+            low + 0.5 * (1 + math.cos(math.pi * (step - warmup) / (decay - warmup))) * (base - low)
+        assert lrs[0] == pytest.approx(want, rel=1e-12), (it, lrs)
+        assert lrs[1] == pytest.approx(want / 10, rel=1e-12), (it, lrs)
+    assert 'grad norm' in p.stdout and all('grad_norm' in r for r in metrics(tmp_path / 'out')
+                                           if 'loss' in r)

@@ -65,6 +65,21 @@ def snapshot(out):
             for d, _, files in os.walk(out) for f in files if f != '.lock'}
 
 
+def edited_copy(dest, name, old, new):
+    # hetgpt's root .py files copied into dest, with `old` replaced by `new` in file `name`: a
+    # researcher's edit (or another machine's code), run from dest/train.py
+    import glob
+    import shutil
+    os.makedirs(dest, exist_ok=True)
+    for f in glob.glob(os.path.join(ROOT, '*.py')):
+        shutil.copy(f, dest)
+    path = os.path.join(dest, name)
+    text = open(path).read()
+    assert old in text, (name, old)
+    open(path, 'w').write(text.replace(old, new))
+    return dest
+
+
 def load_params(ckpt_dir):
     return ckpt.load_model(ckpt_dir, trim_vocab=False).state_dict()  # as saved
 
