@@ -197,7 +197,8 @@ def get_batch(split, offsets):
 # machine that joined with its own) leaves, the others go on without it.
 fingerprint = guard.fingerprint(config, [os.path.join('data', dataset, f'{split}.bin')
                                          for split in data])
-guard.same_run(gather(fingerprint), gather(guard.machine()), rank, saved.get('fingerprint'))
+machines = gather(guard.machine())  # who is in the run: torchrun's elastic agents come and go
+guard.same_run(gather(fingerprint), machines, rank, saved.get('fingerprint'))
 
 # -----------------------------------------------------------------------------
 # The plan, for the ranks as they are, then the model built as it says
@@ -214,8 +215,7 @@ stated = hardware.stated_memory(local_rank, device_type)  # (HETGPT_MEM_GIB; at 
 costs.optimizer_state_bytes()  # (one step of the optimizer loads what steps load: the
 # process this_rank measures on a CPU is then the one the model's bytes come on top of)
 me = hardware.this_rank(device_type, rank, local_world, stated)
-# with who is in the run (its machines: torchrun's elastic agents come and go)
-ranks, machines = (list(x) for x in zip(*gather((me, guard.machine()))))
+ranks = gather(me)
 run_plan = planner.make_plan(
     model_args, batch_size, ranks, plan=plan, micro_batch_size=micro_batch_size,
     memory_fraction=memory_fraction, dtype=dtype, weights=weights,
