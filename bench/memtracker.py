@@ -44,8 +44,9 @@ import torch.distributed as dist
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import model as network  # noqa: E402
-import hardware  # noqa: E402
-import plan as planner  # noqa: E402
+from hetgpt import hardware  # noqa: E402
+from hetgpt import planner  # noqa: E402
+import plan  # noqa: E402
 from configurator import configure  # noqa: E402
 from model import GPT, GPTConfig, config_from  # noqa: E402
 
@@ -206,7 +207,7 @@ def main():
     # one fake process group of WORLD ranks for every FSDP run; the mesh is made outside fake mode
     dist.init_process_group('fake', store=FakeStore(), rank=0, world_size=WORLD)
     mesh = init_device_mesh(DEVICE, (WORLD,))
-    ranks = planner._cluster(GPUS, 0, None)
+    ranks = plan._cluster(GPUS, 0, None)
     g = lambda v: '-' if v is None else f"{v / GiB:.2f}"
     rows, detail, adamw = [], [], set()
     for path in args.configs:

@@ -27,7 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:  # run as data/prepare.py, sys.path has data/, not the repository
     sys.path.insert(0, ROOT)
-from tokenizer import EOT, gpt2_encoding  # noqa: E402  (the GPT-2 BPE, offline)
+from hetgpt.tokenizer import EOT, gpt2_encoding  # noqa: E402  (the GPT-2 BPE, offline)
 
 OWT_REPO = "Skylion007/openwebtext"
 INPUT_TYPES = (".txt", ".jsonl", ".parquet")

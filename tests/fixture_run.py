@@ -57,7 +57,7 @@ sys.argv = sys.argv[1:]
 sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
 cuda_group = os.environ.get('HETGPT_TEST_CUDA_GROUP')
 if cuda_group:
-    import hardware  # the module train.py imports: it reads BACKENDS[device type] from it
+    from hetgpt import hardware  # the module train.py imports: it reads BACKENDS[device type] from it
     backend = hardware.BACKENDS['cuda'] if cuda_group == '1' else cuda_group
     if ':' not in backend:  # one backend for the device types it serves: NCCL serves CUDA only
         backend = {'nccl': 'cuda:nccl', 'gloo': 'cpu:gloo,cuda:gloo'}[backend]

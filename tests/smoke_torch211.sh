@@ -214,10 +214,10 @@ rc=0
     grep -q '^error: cannot load gpt2 from the Hugging Face hub (offline' gpt2.log ||
     { tail -n 5 gpt2.log >&2; fail "init_from=gpt2 offline: exit $rc, not one 'error: ...' line"; }
 echo "ok: init_from=gpt2 offline is one line"
-# (f) wandb: an offline run through train.py's metrics (guard.Metrics), one row logged
+# (f) wandb: an offline run through train.py's metrics (hetgpt.metrics.Metrics), one row logged
 WANDB_MODE=offline run "wandb offline run" wandb.log "$PY" -c "
 import os
-from guard import Metrics
+from hetgpt.metrics import Metrics
 os.makedirs('wb')
 m = Metrics('wb', 0, {'iter': 0, 'plan': 'ddp'}, dict(project='smoke', name='smoke', config={}))
 assert m.wandb is not None, 'wandb.init failed (its reason is the line above)'

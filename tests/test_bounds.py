@@ -14,9 +14,10 @@ import sys
 import pytest
 
 from trainer import ROOT, TINY, run_train
-import balance
+from hetgpt import balance
 import configurator
-import plan as planner
+from hetgpt import planner
+import plan
 
 PLAN = [sys.executable, os.path.join(ROOT, 'plan.py')]
 BOUNDED = {'gradient_accumulation_steps', 'batch_size', 'micro_batch_size', 'max_iters', 'n_layer',
@@ -55,7 +56,7 @@ def test_train_refuses_a_billion_accumulation_steps_before_any_work(tmp_path):
 
 LARGEST = f"""
 import json, runpy, sys
-import plan as planner
+from hetgpt import planner
 from model import config_from
 out = []
 for name, gpus, host in {[('gpt_tiny', '2xcpu', 16),
@@ -63,7 +64,7 @@ for name, gpus, host in {[('gpt_tiny', '2xcpu', 16),
                           ('gpt_175b', '1xH200', None)]}:
     d = runpy.run_path(f'configs/{{name}}.py')
     cfg = config_from({{k: v for k, v in d.items() if not k.startswith('_')}})
-    p = planner.make_plan(cfg, planner.MAX_BATCH, planner._cluster(gpus, 0, host))
+    p = planner.make_plan(cfg, planner.MAX_BATCH, plan._cluster(gpus, 0, host))
     out.append(dict(name=name, fits=p.fits, shard=p.shard, share=p.share, cap=p.micro_batch,
                     total=sum(map(sum, p.micro_batches)), sums=list(map(sum, p.micro_batches)),
                     largest=[max(m) for m in p.micro_batches], counts=p.accum))
@@ -123,7 +124,7 @@ def test_plan_and_train_check_the_shape_and_batch_from_one_table(capsys):
     assert {k: rules[k] for k in planner.SHAPE_RULES} == planner.SHAPE_RULES
     for arg in ('--n_layer=100001', '--vocab_size=16777217', '--batch_size=16777217'):
         with pytest.raises(SystemExit) as e:
-            planner.main(['configs/gpt_tiny.py', arg])
+            plan.main(['configs/gpt_tiny.py', arg])
         err = capsys.readouterr().err.strip().splitlines()
         assert e.value.code == 2 and len(err) == 1 and arg[2:].split('=')[0] in err[0], err
 

@@ -208,11 +208,11 @@ def test_a_stop_while_starting_under_torchrun_is_one_line(tmp_path):
 # plan.py reads a config's batch as train.py does: nanoGPT's gradient_accumulation_steps > 0 makes
 # batch_size the micro-batch, and the global batch batch_size × gradient_accumulation_steps
 def test_plan_reads_gradient_accumulation_as_nanogpt(tmp_path, capsys):
-    import plan as planner
+    import plan
     config = tmp_path / 'nano.py'
     config.write_text('batch_size = 12\ngradient_accumulation_steps = 40\nn_layer = 2\n'
                       'n_head = 2\nn_embd = 64\nblock_size = 128\n')
-    assert planner.main([str(config), '--gpus', '2xA100-80GB']) == 0
+    assert plan.main([str(config), '--gpus', '2xA100-80GB']) == 0
     table = capsys.readouterr().out
     assert 'batch 480 × 128 tokens' in table  # 12 × 40, whatever the number of ranks
     shares = re.findall(r'^\s+\d+\s+\d+\s+A100-80GB\s+(\d+)\s+12×(\d+) ', table, re.M)
@@ -220,5 +220,5 @@ def test_plan_reads_gradient_accumulation_as_nanogpt(tmp_path, capsys):
     assert all(int(s) == 12 * int(n) for s, n in shares)  # micro-batches of 12, as nanoGPT's
     # without it, batch_size is the global batch as always
     config.write_text('batch_size = 12\nn_layer = 2\nn_head = 2\nn_embd = 64\nblock_size = 128\n')
-    assert planner.main([str(config), '--gpus', '2xA100-80GB']) == 0
+    assert plan.main([str(config), '--gpus', '2xA100-80GB']) == 0
     assert 'batch 12 × 128 tokens' in capsys.readouterr().out

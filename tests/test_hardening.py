@@ -19,7 +19,7 @@ import pytest
 from trainer import (ROOT, TINY, latest_checkpoint, make_dataset, one_error_line, run_train, snapshot,
                      train_command)
 import configurator
-import plan as planner
+from hetgpt import planner
 
 RUN = TINY + ['--batch_size=4', '--eval_interval=100']
 TEN = RUN + ['--max_iters=10', '--checkpoint_interval=1', '--keep_last=2']  # ckpt 9 and 10 kept
@@ -116,7 +116,7 @@ def test_the_checkpoint_just_written_is_never_pruned(work, tmp_path):
     code = f"""
 import sys; sys.path.insert(0, {ROOT!r})
 import torch, torch.distributed as dist
-import ckpt
+from hetgpt import ckpt
 from model import GPT, GPTConfig
 dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)
 model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=64))

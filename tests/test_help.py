@@ -147,7 +147,7 @@ def test_prepare_help():
 
 
 def test_plan_help_and_its_examples_are_true(capsys, monkeypatch):
-    import plan as planner
+    import plan
     r = run('plan.py', '--help')
     assert r.returncode == 0 and not r.stderr, r.stderr
     for option in ('--gpus', '--host_mem', '--nodes', '--plan', '--micro_batch_size', '--dtype'):
@@ -158,27 +158,27 @@ def test_plan_help_and_its_examples_are_true(capsys, monkeypatch):
     assert len(examples) >= 3 and any('2xcpu' in e for e in examples)
     monkeypatch.chdir(ROOT)
     for args in examples:  # each one runs and fits (exit 0; 1 would be "does not fit")
-        assert planner.main(args) == 0, (args, capsys.readouterr())
+        assert plan.main(args) == 0, (args, capsys.readouterr())
     assert run('plan.py', '-h').stdout == r.stdout
 
 
 def test_plan_says_which_gpus_it_assumed(capsys):
-    import plan as planner
+    import plan
     tiny = os.path.join(ROOT, 'configs', 'gpt_tiny.py')
-    assert planner.main([tiny]) == 0
+    assert plan.main([tiny]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith('no --gpus given: planned for 1xH200')
     assert 'choose with --gpus' in out[0]
     assert ' H200 ' in out[3]  # the table's one rank
-    assert planner.main([tiny, '--gpus', '1xA100-80GB']) == 0
+    assert plan.main([tiny, '--gpus', '1xA100-80GB']) == 0
     assert 'no --gpus' not in capsys.readouterr().out
 
 
 def test_plan_says_which_host_memory_it_used(capsys):
     # train.py's table says stated or MemAvailable (tests/test_train.py); plan.py's says given or not
-    import plan as planner
+    import plan
     tiny = os.path.join(ROOT, 'configs', 'gpt_tiny.py')
-    assert planner.main([tiny, '--gpus', '2xA100-80GB']) == 0
+    assert plan.main([tiny, '--gpus', '2xA100-80GB']) == 0
     assert 'host memory: not checked' in capsys.readouterr().out.splitlines()
-    assert planner.main([tiny, '--gpus', '2xA100-80GB', '--host_mem', '512']) == 0
+    assert plan.main([tiny, '--gpus', '2xA100-80GB', '--host_mem', '512']) == 0
     assert 'host memory: 512 GiB per node, given (--host_mem)' in capsys.readouterr().out.splitlines()

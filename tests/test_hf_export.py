@@ -102,7 +102,7 @@ def test_export_is_read_by_transformers_as_sample_py_runs_it(which, n, request):
     if '<|endoftext|>' in ours:
         ours = ours[:ours.index('<|endoftext|>') + len('<|endoftext|>')]
     assert ours.startswith(PROMPT) and len(ours) > len(PROMPT) + 20, ours
-    from tokenizer import gpt2_encoding
+    from hetgpt.tokenizer import gpt2_encoding
     enc = gpt2_encoding()
     if which == 'untrained':
         assert len(set(enc.encode(ours[len(PROMPT):]))) > 50, ours  # not one token over and over

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from hf import from_hf
+from hetgpt.hf import from_hf
 import model as model_module
 from model import GPT, GPTConfig
 from sample import generate

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import hardware
-import costs
-import plan as planner
+from hetgpt import hardware
+from hetgpt import costs
+from hetgpt import planner
+import plan
 from configurator import configure
 from model import GPT, GPTConfig, config_from
 
@@ -389,7 +390,7 @@ PLAN_MISTAKES = [  # (arguments after configs/gpt_tiny.py, what the error line s
 @pytest.mark.parametrize('args,expected', PLAN_MISTAKES, ids=[a for a, _ in PLAN_MISTAKES])
 def test_dry_run_mistakes_are_one_line(args, expected, capsys):
     with pytest.raises(SystemExit) as e:
-        planner.main([str(ROOT / 'configs' / 'gpt_tiny.py'), *args.split()])
+        plan.main([str(ROOT / 'configs' / 'gpt_tiny.py'), *args.split()])
     out, err = capsys.readouterr()
     assert e.value.code == 2 and not out
     assert err.splitlines() == [err.strip()] and err.startswith('error: ') and expected in err, err

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 import pytest
 
 import model
-import costs
-import plan as planner
+from hetgpt import costs
+from hetgpt import planner
 from model import GPTConfig
 
 CFG = GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=64, vocab_size=512, bias=False)

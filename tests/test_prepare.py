@@ -16,8 +16,8 @@ import pytest
 import tiktoken
 
 import data.prepare as prepare
-import tokenizer
-from tokenizer import gpt2_encoding
+from hetgpt import tokenizer
+from hetgpt.tokenizer import gpt2_encoding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PREPARE = os.path.join(ROOT, "data", "prepare.py")

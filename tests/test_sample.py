@@ -46,7 +46,7 @@ def run(tmp_path_factory):
 
 
 def test_sample_streams_the_models_text(run, tmp_path):
-    from tokenizer import gpt2_encoding
+    from hetgpt.tokenizer import gpt2_encoding
     out, model = run
     prompt = tmp_path / 'prompt.txt'
     prompt.write_text('x=1;\n', encoding='utf-8')  # ids under 300 only

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-import balance
-from balance import fit, micro_batches, rebalance, refit, split, split_batch, weighted
+from hetgpt import balance
+from hetgpt.balance import fit, micro_batches, rebalance, refit, split, split_batch, weighted
 
 
 def step_time(n, c0, c1):

@@ -204,7 +204,7 @@ def test_per_group_learning_rates_keep_their_ratio_through_warmup_and_decay(tmp_
     import sys
     from torch.distributed.checkpoint.state_dict import get_state_dict
     from trainer import edited_copy
-    import ckpt
+    from hetgpt import ckpt
     one = "{'params': [p for p in params if p.dim() < 2], 'weight_decay': 0.0"
     code = edited_copy(tmp_path / 'code', 'model.py', one, one + ", 'lr': learning_rate / 10")
     make_dataset(tmp_path)

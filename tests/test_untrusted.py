@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from trainer import ROOT, TINY, make_dataset, one_error_line, run_train, snapshot
-import guard
+from hetgpt import tokens
 
 RUN = TINY + ['--batch_size=4', '--eval_interval=100', '--max_iters=2']
-BLOCK, COUNT = 1 << 16, 66  # the sampled blocks, as guard's comment documents them
+BLOCK, COUNT = 1 << 16, 66  # the sampled blocks, as hetgpt/tokens.py's comment documents them
 
 
 def trained_nothing(out):
@@ -28,7 +28,7 @@ def trained_nothing(out):
 
 def cache_the_largest_id(path):
     # What train.py's start-up check writes beside the file: <file>.max.json
-    guard.open_tokens(str(path), 32, 256, 'test')
+    tokens.open_tokens(str(path), 32, 256, 'test')
     return json.load(open(f'{path}.max.json'))
 
 
@@ -61,7 +61,7 @@ def unsampled(size):
 
 
 def test_a_bad_id_between_the_sampled_blocks_is_caught_in_the_batch_that_holds_it(tmp_path):
-    # (needs train.py's get_batch to call guard.check_batch)
+    # (needs train.py's get_batch to call tokens.check_batch)
     d = make_dataset(tmp_path, 'gaps')
     path = os.path.join(d, 'train.bin')
     tokens = np.resize(np.fromfile(path, dtype=np.uint16), 6_000_000)  # 12 MB: 3x the samples
@@ -74,7 +74,7 @@ def test_a_bad_id_between_the_sampled_blocks_is_caught_in_the_batch_that_holds_i
     assert (tokens == 300).mean() > 0.5
     tokens.tofile(path)
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # as cp -p or rsync -t would
-    assert guard.content_key(path, st.st_size) == cached['blake2b']  # the cache is believed
+    assert tokens.content_key(path, st.st_size) == cached['blake2b']  # the cache is believed
     p = run_train(tmp_path, *RUN, '--dataset=gaps', '--out_dir=gaps', check=False)
     line = one_error_line(p)
     found = re.search(r'gaps/train\.bin holds token id 300 at offset (\d+), not below '
@@ -88,9 +88,9 @@ def test_a_bad_id_between_the_sampled_blocks_is_caught_in_the_batch_that_holds_i
 def test_a_batch_check_names_the_first_bad_offset_and_passes_good_batches():
     # check_batch alone: rows are windows of a file at offsets
     windows = np.array([[1, 2, 3], [4, 255, 6]], dtype=np.uint16)
-    assert guard.check_batch('f.bin', windows, [10, 20], 256) is windows
-    code = ("import sys, numpy as np; sys.path.insert(0, %r); import guard; "
-            "guard.check_batch('data/x/train.bin', np.array([[1, 999, 3], [700, 2, 3]], "
+    assert tokens.check_batch('f.bin', windows, [10, 20], 256) is windows
+    code = ("import sys, numpy as np; sys.path.insert(0, %r); from hetgpt import tokens; "
+            "tokens.check_batch('data/x/train.bin', np.array([[1, 999, 3], [700, 2, 3]], "
             "np.uint16), np.array([50, 7]), 256)" % ROOT)
     p = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
     assert one_error_line(p).startswith(

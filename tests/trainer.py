@@ -8,7 +8,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import ckpt  # noqa: E402
+from hetgpt import ckpt  # noqa: E402
 
 latest_checkpoint = ckpt.latest
 
@@ -66,13 +66,15 @@ def snapshot(out):
 
 
 def edited_copy(dest, name, old, new):
-    # hetgpt's root .py files copied into dest, with `old` replaced by `new` in file `name`: a
-    # researcher's edit (or another machine's code), run from dest/train.py
+    # hetgpt's root .py files and package copied into dest, with `old` replaced by `new` in file
+    # `name`: a researcher's edit (or another machine's code), run from dest/train.py
     import glob
     import shutil
     os.makedirs(dest, exist_ok=True)
     for f in glob.glob(os.path.join(ROOT, '*.py')):
         shutil.copy(f, dest)
+    shutil.copytree(os.path.join(ROOT, 'hetgpt'), os.path.join(dest, 'hetgpt'),
+                    ignore=shutil.ignore_patterns('__pycache__'), dirs_exist_ok=True)
     path = os.path.join(dest, name)
     text = open(path).read()
     assert old in text, (name, old)

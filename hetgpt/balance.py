@@ -1,5 +1,5 @@
 """
-balance.py: how a global batch is split over unlike ranks, and re-split as they are measured.
+How a global batch is split over unlike ranks, and re-split as they are measured.
 
 Rank r runs a micro-batch of n sequences in c0_r + c1_r·n seconds (c0: per micro-batch, c1: per
 sequence), and holds at most caps_r sequences in one. Under DDP each rank runs its own number of
@@ -16,7 +16,7 @@ import struct
 
 import numpy as np
 
-from configurator import die
+from hetgpt.errors import die
 
 # Batches of up to EXACT sequences are split by the searches that place one sequence at a time
 # (their results are the ones tests/test_split.py and tests/test_plan.py pin); their time grows with

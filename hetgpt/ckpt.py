@@ -29,7 +29,7 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from configurator import die, oneline
+from hetgpt.errors import die, oneline
 from model import GPT, GPTConfig, config_from
 
 # Every global DCP's metadata pickle names, exactly: a name is never walked through attributes
@@ -167,7 +167,7 @@ def save(out_dir, step, model, optimizer, meta, keep_last):
                 f.flush()
                 os.fsync(f.fileno())
     except (Exception, CheckpointException) as e:  # a full disk, a quota: the last one is intact
-        if lost_peer(e):  # not this disk's fault: guard's excepthook says so, in one line
+        if lost_peer(e):  # not this disk's fault: hetgpt.group's excepthook says so, in one line
             raise first_failure(e) from None
         last = checkpoints(out_dir)
         kept = (f"the last complete one, {last[-1]}, is intact" if last

@@ -1,5 +1,5 @@
 """
-costs.py: what a step of the model as built costs, measured rather than assumed: parameter counts
+What a step of the model as built costs, measured rather than assumed: parameter counts
 (the model on the meta device), the bytes autograd saves for backward and the FLOPs of a block and
 of the rest (one forward and backward on fake tensors), the bytes a block's backward holds beyond
 them, and the optimizer's state (one step of the optimizer train.py builds). A researcher's edit
@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 import model as network  # looked up at call time: a test may swap in a variant of a module
-from configurator import die, oneline
+from hetgpt.errors import die, oneline
 from model import GPTConfig, config_from
 
 

@@ -1,5 +1,5 @@
 """
-hardware.py: what the devices are. A table of NVIDIA GPUs (memory, dense TFLOPS by dtype, memory
+What the devices are. A table of NVIDIA GPUs (memory, dense TFLOPS by dtype, memory
 and link bandwidths), the name torch reports mapped to it, and what a running rank has.
 """
 import ctypes
@@ -11,7 +11,7 @@ import shutil
 
 import torch
 
-from configurator import die
+from hetgpt.errors import die
 
 
 # GPUs. mem: total bytes as nvidia-smi reports them (MiB; ECC parts show a little less than the

@@ -8,8 +8,8 @@ import os
 
 import torch
 
-import tokenizer
-from configurator import die, oneline
+from hetgpt import tokenizer
+from hetgpt.errors import die, oneline
 from model import GPT, GPTConfig
 
 CONV1D = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')

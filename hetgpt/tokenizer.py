@@ -2,7 +2,7 @@
 GPT-2's BPE tokenizer, offline: tiktoken's "gpt2" encoding (the same ids as
 tiktoken.get_encoding("gpt2")), and the same tokenizer written for transformers.
 
-    from tokenizer import gpt2_encoding
+    from hetgpt.tokenizer import gpt2_encoding
     enc = gpt2_encoding()                     # enc.encode("Hello world") == [15496, 995]
     save_hf_tokenizer("hf/tiny", 1024)        # vocab.json, merges.txt, tokenizer.json, ...
 

@@ -1,0 +1,118 @@
+"""
+The token files: opened and checked as untrusted input, once per file and per batch.
+"""
+import hashlib
+import json
+import os
+import pickle
+
+import numpy as np
+
+from hetgpt.errors import die
+
+
+# data: a flat uint16 token file, checked as untrusted input
+class PlainUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):  # dicts, strings and numbers only: no code can run
+        raise pickle.UnpicklingError(f"it refers to {module}.{name}")
+
+
+def dataset_vocab(folder):
+    # nanoGPT's prepare scripts of other tokenizers (shakespeare_char: 65 characters) leave
+    # meta.pkl = {'vocab_size', 'stoi', 'itos'} beside the tokens; None where there is none.
+    path = os.path.join(folder, 'meta.pkl')
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, 'rb') as f:
+            meta = PlainUnpickler(f).load()
+    except Exception as e:  # damaged, or a pickle that would import something
+        die(f"cannot read {path} ({type(e).__name__}: {e}); it should be a nanoGPT meta.pkl "
+            f"(a dict with vocab_size): prepare the data again or remove it")
+    vocab = meta.get('vocab_size') if isinstance(meta, dict) else None
+    if type(vocab) is not int or vocab < 1:
+        die(f"{path} has no positive int vocab_size (got {vocab!r}): prepare the data again")
+    return meta
+
+
+def open_tokens(path, block_size, vocab_size, dataset):
+    if not os.path.exists(path):
+        die(f"no {path}: run python data/prepare.py --dataset {dataset} "
+            f"(or --input FILES --name {dataset})")
+    if not os.path.isfile(path):
+        die(f"{path} is not a file ({'a directory' if os.path.isdir(path) else 'not regular'}): "
+            f"move it away and run python data/prepare.py for {dataset} again")
+    if os.path.getsize(path) % 2:
+        die(f"{path} has an odd number of bytes: it is truncated or not uint16; "
+            f"run data/prepare.py again")
+    try:
+        tokens = np.memmap(path, dtype=np.uint16, mode='r') if os.path.getsize(path) else \
+            np.zeros(0, np.uint16)
+        if len(tokens) <= block_size + 1:
+            die(f"{path} has {len(tokens)} tokens, fewer than block_size+1={block_size + 1}; "
+                f"lower block_size or prepare more data")
+        top = max_token(path, tokens)
+    except OSError as e:  # unreadable (permissions, an I/O error)
+        die(f"cannot read {path} ({e.strerror or e}); check its permissions or prepare it again")
+    if top >= vocab_size:
+        die(f"{path} holds token id {top}, not below vocab_size={vocab_size}: wrong tokenizer "
+            f"or dtype, or raise vocab_size")
+    return tokens
+
+
+# Every token id of a file below vocab_size, checked once (chunked, vectorised) and the file's
+# largest id cached next to it, keyed by its size, modification time and content: a blake2b of
+# SAMPLES blocks of SAMPLE_BYTES, the first, the last and the rest evenly spaced between (the whole
+# file when they cover it), about 4 MB read whatever the file's size. The content key catches a
+# file copied over another of the same size with its times kept (cp -p, rsync -t); a change that
+# falls between the blocks is what check_batch meets, before a step uses it.
+SAMPLES, SAMPLE_BYTES = 66, 1 << 16
+
+
+def content_key(path, size):
+    h = hashlib.blake2b(str(size).encode(), digest_size=16)
+    with open(path, 'rb') as f:
+        if size <= SAMPLES * SAMPLE_BYTES:
+            for block in iter(lambda: f.read(1 << 20), b''):
+                h.update(block)
+        else:
+            for i in range(SAMPLES):
+                f.seek(i * (size - SAMPLE_BYTES) // (SAMPLES - 1))
+                h.update(f.read(SAMPLE_BYTES))
+    return h.hexdigest()
+
+
+def max_token(path, tokens, chunk=1 << 26):
+    st = os.stat(path)
+    key = {'size': st.st_size, 'mtime_ns': st.st_mtime_ns,
+           'blake2b': content_key(path, st.st_size)}
+    cache = path + '.max.json'
+    try:
+        cached = json.load(open(cache))
+        if isinstance(cached, dict) and {k: cached.get(k) for k in key} == key:
+            return int(cached['max'])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    top = max((int(tokens[i:i + chunk].max()) for i in range(0, len(tokens), chunk)), default=0)
+    try:  # a read-only data directory just means checking again next time
+        with open(cache + f'.{os.getpid()}', 'w') as f:
+            json.dump({**key, 'max': top}, f)
+        os.replace(cache + f'.{os.getpid()}', cache)
+    except OSError:
+        pass
+    return top
+
+
+def check_batch(path, windows, offsets, vocab_size):
+    # A batch as train.py takes it: row r holds the tokens of the file at path from offsets[r] on.
+    # One max() per batch; only a bad id is looked for, and named with its offset in tokens. (Under
+    # torchrun each rank checks its own rows; die prints the line once.)
+    if windows.size and int(windows.max()) >= vocab_size:
+        rows, cols = np.nonzero(windows >= vocab_size)
+        at = np.asarray(offsets, dtype=np.int64)[rows] + cols
+        first = int(np.argmin(at))
+        die(f"{path} holds token id {int(windows[rows[first], cols[first]])} at offset "
+            f"{int(at[first])}, not below vocab_size={vocab_size}: the file changed where its "
+            f"cached check ({path}.max.json) samples none of it; no step used it: delete that "
+            f"file to check it whole at start-up, or prepare the data again")
+    return windows

@@ -1,0 +1,78 @@
+"""
+metrics.jsonl: rank 0's record of a run, written atomically, and the one reader of it.
+"""
+import json
+import os
+import shutil
+
+from hetgpt.errors import say
+
+
+# metrics.jsonl: a row per log line and eval. A kill or a full disk can tear the last line.
+def read_rows(path):
+    rows = []
+    if os.path.exists(path):
+        for line in open(path, errors='replace'):
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue  # a torn line
+            if isinstance(row, dict) and isinstance(row.get('iter'), int):
+                rows.append(row)
+    return rows
+
+
+def rewrite_rows(path, rows):
+    # Through a temporary file and a rename: a crash leaves the old file or the new, never half.
+    tmp = path + '.tmp'
+    with open(tmp, 'w') as f:
+        f.writelines(json.dumps(r) + '\n' for r in rows)
+    os.replace(tmp, path)
+
+
+_append_failed = []
+
+
+def append_row(path, row):
+    # Never stops training: a full or read-only disk gets one line, once (the next checkpoint
+    # will say what to do if the disk stays full).
+    try:
+        with open(path, 'a') as f:
+            f.write(json.dumps(row) + '\n')
+    except OSError as e:
+        if not _append_failed:
+            say(f"warning: cannot append to {path} ({e.strerror}); training goes on, the rows "
+                f"are in the log lines")
+        _append_failed.append(row['iter'])
+
+
+class Metrics:
+    # Rank 0's record of the run: a row per log line and evaluation in metrics.jsonl, and in wandb
+    # when asked (offline unless WANDB_API_KEY is set; a failure there only disables it). It starts
+    # by dropping checkpoints a killed run left half-written and the rows past the iteration the run
+    # starts from (a torn last line is skipped), then writes first_row: the plan.
+    def __init__(self, out_dir, iter_num, first_row, wandb_init=None):
+        for d in os.listdir(out_dir):
+            if d.endswith('.tmp'):
+                shutil.rmtree(os.path.join(out_dir, d), ignore_errors=True)
+        self.path, self.wandb = os.path.join(out_dir, 'metrics.jsonl'), None
+        rows = read_rows(self.path) if iter_num else []
+        rewrite_rows(self.path, [r for r in rows if r['iter'] <= iter_num] + [first_row])
+        if wandb_init:
+            try:
+                import wandb
+                mode = os.environ.get('WANDB_MODE') or \
+                    ('online' if os.environ.get('WANDB_API_KEY') else 'offline')
+                self.wandb = wandb.init(**wandb_init, mode=mode, dir=out_dir,
+                                        settings=wandb.Settings(init_timeout=30))
+            except Exception as e:
+                print(f"wandb disabled: {type(e).__name__}: {e}", flush=True)
+
+    def __call__(self, row):
+        append_row(self.path, row)
+        if self.wandb:
+            self.wandb.log(row, step=row['iter'])
+
+    def finish(self):
+        if self.wandb:
+            self.wandb.finish()

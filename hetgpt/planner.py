@@ -1,0 +1,645 @@
+"""
+The planner: how a GPT config trains on the devices at hand, decided before any weight is
+allocated.
+For a strategy (DDP or FSDP2, with or without per-block activation checkpointing and CPU offload)
+it predicts the bytes each rank holds, the largest micro-batch that fits, and the step time; it
+picks the fastest strategy that fits and splits the global batch over unlike ranks so that they
+finish together. train.py applies the plan and checks it with a real probe step. Everything is
+derived from the model built on the meta device (exact parameter counts, no weights allocated).
+Notation: P parameters, N ranks, L layers, h width, s sequence, b micro-batch, V vocabulary.
+"""
+import functools
+import math
+from collections import Counter
+from dataclasses import dataclass, field, replace
+
+from hetgpt.balance import (EXACT, lockstep_count, lockstep_segments, pieces, runs, split,
+                     split_shares, weighted, weighted_shares)
+from hetgpt.errors import die
+from hetgpt import costs
+from hetgpt.costs import (_config, activation_bytes, counts, flops_per_sequence,
+                   optimizer_state_bytes, optimizer_updates_shards_alone)
+from hetgpt.hardware import GPUS, UNKNOWN_GPU, peak_flops
+from model import LOSS_CHUNK, GPTConfig
+
+GiB = 2**30
+
+# Guesses that a probe step replaces; each is what the dry run assumes.
+EFFICIENCY = 0.5       # matmul FLOPs / dense peak: nanoGPT ~0.4-0.5 MFU on A100, Megatron-LM ~0.5
+LINK_EFFICIENCY = 0.7  # NCCL bus bandwidth / link's nominal (nccl-tests: ~230 of 300 GB/s, NVLink)
+PCIE_EFFICIENCY = 0.7  # pinned copies / PCIe nominal (A100 H2D 25 of 31.5, H100 35-53 of 63 GB/s)
+HBM_EFFICIENCY = 0.7   # fused AdamW's streaming / HBM peak
+HOST_ADAM_BW = 100e9   # bytes/s per node for the CPU AdamW step (memory bound; not measured)
+LAUNCH_S = 1e-4        # seconds per layer per micro-batch (forward + backward kernel launches)
+FSDP_GROUP_S = 2e-4    # seconds per FSDP group per micro-batch: hooks, copy-in/copy-out
+CPU_FLOPS = 1e11       # FLOP/s of a CPU rank when not measured (2 AVX-512 cores, float32)
+CPU_COMM_BW = 2e9      # gloo over loopback
+GPU_OVERHEAD = GiB     # outside the allocator: CUDA context, NCCL buffers (unless measured)
+PROCESS_HOST = 2 * GiB  # host bytes of one training process (Python, torch, CUDA host state)
+CPU_OVERHEAD = GiB // 2  # a CPU rank's process before any tensor
+ALLOC_SLACK = 0.05     # caching-allocator rounding and fragmentation, of what comes and goes
+
+# The rungs, cheapest first: each saves memory the one before it holds, at a cost in time.
+STRATEGIES = ('ddp', 'ddp+ac', 'fsdp-noreshard', 'fsdp', 'fsdp+ac', 'fsdp+offload',
+              'fsdp+ac+offload')
+
+
+def flags(strategy):
+    shard = strategy.startswith('fsdp')
+    return dict(ac='+ac' in strategy, shard=shard, offload='offload' in strategy,
+                reshard_after_forward=shard and strategy != 'fsdp-noreshard')
+
+
+# The model's shape and the batch: what plan.py reads from a config, checked as train.py checks them
+# (train.py's RULES takes these: one table). The upper bounds are far beyond any real run, so that
+# only a slip (an extra zero, 10**9 for 10**3, a product of two large knobs) meets them: 175B
+# models are 96 × 12288, the largest trained widths about 25,000; contexts reach 1-10M tokens,
+# vocabularies 1M. The global batch, MAX_BATCH = 2**24 = 16.8M sequences, is 16 times a 1M-token
+# batch at one token per sequence (GPT-3 175B: 1,536 × 2,048 tokens; Llama 3 405B: 16M tokens in
+# 2,048 sequences), and the bound of the planner's work: its splits of a batch above balance.EXACT
+# take time that does not grow with the batch, but train.py iterates over the micro-batches of
+# each step, and the plan lists them (one int each, per rank; at most MAX_BATCH in all).
+MAX_BATCH = 2**24
+SHAPE_RULES = {
+    'n_layer': '[1, 100000]', 'n_head': '[1, 1048576]', 'n_embd': '[1, 1048576]',
+    'block_size': '[1, 16777216]', 'vocab_size': '[1, 16777216]', 'dropout': '[0, 1)',
+    'bias': '', 'init_std': '> 0', 'batch_size': '[1, 16777216]',
+    'gradient_accumulation_steps': '[0, 16777216]', 'micro_batch_size': '[0, 16777216]'}
+
+
+# -----------------------------------------------------------------------------
+# FSDP2's layout of the parameters
+def _sharded(shapes, n):
+    # FSDP2 shards each parameter on dim 0, padded to a multiple of n: a rank holds ceil(d0/n) rows
+    return sum(math.ceil(s[0] / n) * math.prod(s[1:]) for s in shapes)
+
+
+def _pinned(shapes, n):
+    # Pinned host bytes of the fp32 shards: the CUDA caching host allocator rounds every block up
+    # to a power of two (FSDP2 pins each parameter's shard, and each gradient copied back to it).
+    return sum(1 << (4 * math.ceil(s[0] / n) * math.prod(s[1:]) - 1).bit_length() for s in shapes)
+
+
+# -----------------------------------------------------------------------------
+# The estimator: bytes on one rank
+def estimate(model_config, strategy, micro_batch, world_size, dtype='bfloat16', ranks_per_node=None,
+             overhead=None, device='cuda', accumulate=False, micro_batches=2):
+    cfg, n, f = _config(model_config), counts(model_config), flags(strategy)
+    N, b, s, h, L, V = (world_size, micro_batch, cfg.block_size, cfg.n_embd, cfg.n_layer,
+                        cfg.vocab_size)
+    P, Pb, Pr = n['total'], n['block'], n['root']
+    cb = 4 if str(dtype).replace('torch.', '') in ('float32', 'fp32') else 2  # compute dtype bytes
+    # Model states: fp32 params 4 + fp32 grads 4 + the optimizer's state (measured; AdamW's 8 makes
+    # ZeRO's 16 B/param). DDP (gradient_as_bucket_view: the grads are the buckets) keeps them all;
+    # FSDP2 shards all three by N (fp32 shards; reduce_dtype fp32).
+    mine = _sharded(n['block_shapes'], N) * L + _sharded(n['root_shapes'], N) if f['shard'] else P
+    optim = round(optimizer_state_bytes() * mine)
+    part = dict(params=4 * mine, grads=4 * mine, optim=optim)
+    # FSDP2 accumulating without sync (set_requires_gradient_sync(False)) keeps every parameter's
+    # gradient unsharded in reduce_dtype (fp32) on the device until the reduce-scatter
+    unsharded_grads = 4 * P if f['shard'] and accumulate else 0
+    host_rank = 0 if device == 'cpu' else PROCESS_HOST
+    if f['offload']:  # CPUOffloadPolicy: shards on the host, pinned params and grads; AdamW there
+        host_rank += (_pinned(n['block_shapes'], N) * L + _pinned(n['root_shapes'], N)) * 2 + optim
+        part = dict(params=0, grads=0, optim=0)
+    part['grads'] += unsharded_grads
+    a = activation_bytes(cfg, strategy, dtype)
+    # The loss (model.LMHeadLoss) never holds the micro-batch's logits: one chunk of them at a time
+    # (compute dtype; float32, its log-softmax and autograd's gradient of it) and the gradients of
+    # a group of chunks (one buffer, compute dtype) come and go in its forward; its backward
+    # scales the head's float32 gradient.
+    rows, group = LOSS_CHUNK[device]  # (the planner's ranks are 'cuda' or 'cpu')
+    tokens = b * s
+    logits = max(min(rows, tokens) * V * (cb + 12) + min(group, tokens) * V * cb, 4 * V * h)
+    # Activations: what autograd saves, measured per sequence (saved_bytes), kept by every block
+    # (under per-block checkpointing: each block's input), and at the peak either the loss's
+    # working set with the rest's saved bytes, or later the working set of the top block's
+    # backward (backward_bytes: beside its saved tensors, or all of them recomputed under
+    # checkpointing, the gradients of its wide intermediates) with the one saved tensor of the
+    # loss that outlives its backward: its float32 gradient of the head, now the tied weight's.
+    kept = L * b * (a['block_input'] if f['ac'] else a['block'])
+    backward = max(b * per + fixed for per, fixed in a['backward']['ac' if f['ac'] else 'plain'])
+    activations = kept + max(b * a['rest'] + a['rest_fixed'] + logits, a['rest_fixed'] + backward)
+    if not f['shard']:
+        # autocast's 16-bit copies of the weights, saved for backward (under AC: made again by the
+        # recompute, in its working set; train.py's autocast keeps no cache of them)
+        buffers = 0 if f['ac'] else a['block_fixed'] * L
+    else:
+        # FSDP2 buffers: the root group is never resharded after forward, and the tied
+        # wte/lm_head gradient lives through the whole backward (params + grads unsharded); the
+        # blocks: current + prefetched unsharded (all of them from forward to backward without
+        # resharding); one block's unsharded grad plus its fp32 copy for the reduce-scatter;
+        # under offload the fp32 shards of two blocks copied to the device before their all-gather.
+        reduce = 4 if cb == 2 else 0
+        live = 2 * cb * Pb if f['reshard_after_forward'] else cb * L * Pb
+        buffers = 2 * cb * Pr + live + (cb + reduce) * Pb + \
+            (8 * math.ceil(Pb / N) if f['offload'] else 0)
+    if overhead is None:
+        overhead = GPU_OVERHEAD if device == 'cuda' else CPU_OVERHEAD
+    other = buffers + ALLOC_SLACK * (activations + buffers) + overhead
+    part.update(activations=activations, other=int(other))
+    # The peak, not the sum of the parts: activations are freed as backward makes the gradients,
+    # so both are held at once only when gradients outlive a step's forward: earlier micro-batches'
+    # (micro_batches > 1, FSDP's unsharded accumulation) or DDP's buckets (several ranks).
+    held = micro_batches > 1 or accumulate or (N > 1 and not f['shard'])
+    grads_and_activations = part['grads'] + activations if held else max(part['grads'], activations)
+    part['total'] = part['params'] + part['optim'] + int(other) + grads_and_activations
+    part['host_rank'] = host_rank
+    part['host'] = host_rank * (ranks_per_node or min(N, 8))
+    return part
+
+
+# -----------------------------------------------------------------------------
+# The planner
+@dataclass
+class Plan:
+    # Every decision train.py applies; lists hold one entry per rank.
+    strategy: str
+    ac: bool                        # the strategy's rung has checkpointing (see checkpoint)
+    shard: bool
+    reshard_after_forward: bool
+    offload: bool
+    checkpoint: list                # per rank: checkpoint each block (under DDP only where needed)
+    reduce_every_micro_batch: bool  # FSDP: reduce-scatter after each micro-batch, or accumulate
+    init_device: str                # where weights are first made: 'cpu' (whole) or 'meta'
+    micro_batch: list               # per rank: the largest micro-batch (sequences) that fits
+    share: list                     # per rank: sequences of the global batch
+    micro_batches: list             # per rank: their sizes (FSDP: as many on every rank)
+    predicted: list                 # per rank: estimate() at its largest micro-batch
+    step_time: float
+    tokens_per_sec: float
+    mfu: float
+    fits: bool
+    advice: str = ''
+    needs: dict = field(default_factory=dict)
+    ranks: list = field(default_factory=list)
+    batch_size: int = 0
+    block_size: int = 0
+    n_params: int = 0
+    dtype: str = 'bfloat16'
+    candidates: list = field(default_factory=list)  # (strategy, fits, predicted step time)
+    config: GPTConfig = None
+    weights: list = None            # balance by these weights; None: by speed
+
+    @property
+    def accum(self):
+        return [len(m) for m in self.micro_batches]
+
+    def room(self, r, overhead=None):
+        # Bytes rank r's probe step may peak at, as its allocator counts (a GPU's CUDA context and
+        # NCCL buffers are outside it: overhead, measured, else as planned) or its host's RSS does
+        # (all of the process)
+        x = self.ranks[r]
+        outside = x['overhead'] if overhead is None else overhead
+        return x['mem'] * x['fraction'] - (outside if x['device'] == 'cuda' else 0)
+
+    def table(self, measured=None):
+        g = lambda x: '-' if x is None else f"{x / GiB:.1f}"
+        parts = ('params', 'grads', 'optim', 'activations', 'other', 'total')
+        out = [f"plan: {self.strategy} ({'fits' if self.fits else 'does NOT fit'}), "
+               f"{len(self.ranks)} rank(s), {self.n_params:,} parameters, {self.dtype}, batch "
+               f"{self.batch_size} × {self.block_size} tokens; memory in GiB",
+               f"{'rank':>4} {'node':>4} {'device':<14} {'share':>5} {'micro×acc':>9} ac     "
+               + ''.join(f"{p[:5]:>8}" for p in parts)
+               + f"{'budget':>8}{'host/node':>10}{'tok/s':>10}{'MFU':>6}"]
+        for i, r in enumerate(self.ranks):
+            p, mb = self.predicted[i], f"{max(self.micro_batches[i])}×{self.accum[i]}"
+            tps = self.share[i] * self.block_size / (self.step_time or 1)
+            peak = _peak(r, self.dtype)
+            mfu = costs.mfu(self.config, self.share[i], self.step_time, peak)
+            out.append(f"{i:>4} {r['node']:>4} {r['gpu'] or r['device']:<14} {self.share[i]:>5} "
+                       f"{mb:>9} {'yes' if self.checkpoint[i] else 'no':<3} pred"
+                       + ''.join(f"{g(p[k]):>8}" for k in parts)
+                       + f"{g(r['mem'] * r['fraction']):>8}{g(p['host']) if p['host'] else '-':>10}"
+                       + (f"{tps:>10,.0f}" if self.step_time else f"{'-':>10}")
+                       + (f"{mfu:>6.0%}" if mfu else f"{'-':>6}"))
+            if measured and i < len(measured) and measured[i]:
+                out.append(f"{'':>44} meas" + ''.join(f"{g(measured[i].get(k)):>8}" for k in parts)
+                           + f"{'':>8}{g(measured[i].get('host')):>10}")
+        out.append(host_line(self.ranks))
+        if self.step_time:
+            out.append(f"predicted: step {self.step_time:.3g} s, "
+                       f"{self.tokens_per_sec:,.0f} tokens/s"
+                       + (f", MFU {self.mfu:.0%}" if self.mfu else '')
+                       + f" (matmuls at {EFFICIENCY:.0%} of dense peak, links at "
+                       f"{LINK_EFFICIENCY:.0%})")
+        out.append('candidates: ' + ' | '.join(f"{s} {f'{t:.3g} s' if ok else 'x'}"
+                                               for s, ok, t in self.candidates))
+        if self.advice:
+            out.append(('advice: ' if not self.fits else 'note: ') + self.advice)
+        return '\n'.join(out)
+
+
+def host_line(ranks):
+    # The host memory each node was planned with and where the figure came from (a rank's
+    # host_from: stated, MemAvailable, --host_mem; else given by the caller). A node's figure is its
+    # smallest rank's: ranks read MemAvailable at different moments, and the planner checks each.
+    least = {}
+    for r in ranks:
+        x = r['host_mem'] if r['host_mem'] is not None else math.inf
+        if x <= least.get(r['node'], (math.inf,))[0]:
+            least[r['node']] = (x, r.get('host_from') or 'given')
+    said = {n: f"{x / GiB:,.{0 if x >= 10 * GiB else 1}f} GiB, {how}" if x < math.inf
+            else 'not checked' for n, (x, how) in sorted(least.items())}
+    if len(set(said.values())) == 1:
+        return 'host memory: ' + next(iter(said.values())).replace(' GiB,', ' GiB per node,')
+    return 'host memory per node: ' + '; '.join(f"{n}: {text}" for n, text in said.items())
+
+
+def _dev(rank):
+    return GPUS.get(rank.get('gpu')) or UNKNOWN_GPU
+
+
+def _peak(rank, dtype):
+    return peak_flops(rank['gpu'], dtype) if rank['device'] == 'cuda' else None
+
+
+def _normalise(ranks, fraction):
+    out = [dict(dict(gpu=None, node=0, host_mem=None), **r) for r in ranks]
+    for r in out:
+        r.setdefault('device', 'cuda' if r['gpu'] else 'cpu')
+        assert r.get('mem') or r['gpu'] in GPUS, \
+            f"rank {r}: give mem (bytes) for a CPU rank or a GPU not in GPUS"
+        r['mem'] = r.get('mem') or GPUS[r['gpu']]['mem']
+        if r.get('overhead') is None:
+            r['overhead'] = GPU_OVERHEAD if r['device'] == 'cuda' else CPU_OVERHEAD
+        r['fraction'] = fraction
+    return out
+
+
+def _bandwidth(ranks, inter_node_bw):
+    # Bytes/s of the ring's slowest hop: NVLink/PCIe inside a node (unlike GPUs on one node talk
+    # over PCIe), the NIC between nodes (inter_node_bw, else the slowest part's 'net'); gloo for
+    # CPU ranks.
+    if any(r['device'] == 'cpu' for r in ranks):
+        return CPU_COMM_BW
+    kinds = {r['gpu'] for r in ranks}
+    intra = _dev(ranks[0])['p2p'] if len(kinds) == 1 else min(_dev(r)['host'] for r in ranks)
+    intra *= 1e9
+    inter = inter_node_bw or min(_dev(r)['net'] for r in ranks) * 1e9
+    return LINK_EFFICIENCY * (min(intra, inter) if len({r['node'] for r in ranks}) > 1 else intra)
+
+
+def _evaluate(cfg, batch, ranks, strategy, mbs, dtype, inter_node_bw, weights=None, choose=True):
+    # FSDP accumulates in one of two ways: reduce-scatter after every micro-batch (gradients stay
+    # sharded), or accumulate unsharded fp32 gradients and reduce once per step (+4P bytes, fewer
+    # collectives). The second is tried when the first fits and needs several micro-batches.
+    run = lambda accumulate: _evaluate_one(cfg, batch, ranks, strategy, mbs, dtype, inter_node_bw,
+                                           accumulate, weights, choose)
+    first = run(False)
+    if flags(strategy)['shard'] and 'step' in first and max(_counts(first)) > 1:
+        second = run(True)
+        if 'step' in second and second['step'] < first['step']:
+            return second
+    return first
+
+
+def _evaluate_one(cfg, batch, ranks, strategy, mbs, dtype, inter_node_bw, accumulate,
+                  weights=None, choose=True):
+    # One strategy on these ranks: caps, host check, split, predicted step time. choose: under
+    # DDP+AC each rank checkpoints only if that is faster (a rank that cannot hold one sequence
+    # without it; not one whose micro-batch without it is merely smaller).
+    f, R, n = flags(strategy), len(ranks), counts(cfg)
+    per_node = Counter(r['node'] for r in ranks)
+    # a CPU rank's RAM holds its device bytes and its host bytes
+    used = lambda r, e: e['total'] + (e['host_rank'] if r['device'] == 'cpu' else 0)
+    est = lambda r, b, micro_batches=2, s=strategy: estimate(
+        cfg, s, b, R, dtype, per_node[r['node']], r['overhead'], r['device'], accumulate,
+        micro_batches)
+    memo = {}
+
+    def cap(r, s):  # the largest micro-batch under the budget (totals grow with it)
+        key = (r['device'], r['mem'], r['overhead'], per_node[r['node']], s)
+        if key not in memo:
+            budget, low, high = r['mem'] * r['fraction'], 0, batch
+            while low < high:
+                mid = (low + high + 1) // 2
+                low, high = (mid, high) if used(r, est(r, mid, s=s)) <= budget else (low, mid - 1)
+            # one rank whose whole batch is one micro-batch holds no gradients in its forward
+            if R == 1 and low < batch and used(r, est(r, batch, 1, s)) <= budget:
+                low = batch
+            if mbs:
+                low = min(mbs, batch) if low >= min(mbs, batch) else 0
+            memo[key] = low
+        return memo[key]
+
+    caps = [cap(r, strategy) for r in ranks]
+    host_need = Counter()  # a node's host bytes: its GPU ranks' (CPU ranks: in their budget)
+    for r in ranks:
+        host_need[r['node']] += est(r, 0)['host_rank'] * (r['device'] == 'cuda')
+    host_ok = all(r['host_mem'] is None or host_need[r['node']] <= r['host_mem'] * r['fraction']
+                  for r in ranks)
+    result = dict(strategy=strategy, accumulate=accumulate, caps=caps, host_need=host_need,
+                  device_ok=min(caps) > 0, host_ok=host_ok,
+                  need=[(used(r, est(r, max(1, mbs))), r['mem'] * r['fraction']) for r in ranks])
+    if not (result['device_ok'] and host_ok):
+        return result
+    # Time. Compute: FLOPs at peak × EFFICIENCY per sequence, plus launches per micro-batch.
+    rate = lambda r: CPU_FLOPS if r['device'] == 'cpu' else \
+        (_peak(r, dtype) or _dev(r)['bf16'] * 1e12) * EFFICIENCY
+    c0 = [cfg.n_layer * LAUNCH_S + ((cfg.n_layer + 1) * FSDP_GROUP_S if f['shard'] else 0.0)] * R
+    per_sequence = lambda r, ac, cap: flops_per_sequence(cfg, ac) / rate(r) + c0[0] / cap
+    ac = [f['ac']] * R
+    if f['ac'] and not f['shard'] and choose:
+        plain = [cap(r, 'ddp') for r in ranks]
+        ac = [not p or per_sequence(r, True, c) < per_sequence(r, False, p)
+              for r, c, p in zip(ranks, caps, plain)]
+        caps = [c if a else p for a, c, p in zip(ac, caps, plain)]
+        result['caps'] = caps
+    ranks_strategy = [strategy if a else 'ddp' for a in ac] if not f['shard'] else [strategy] * R
+    c1 = [flops_per_sequence(cfg, a) / rate(r) for r, a in zip(ranks, ac)]
+    mine = n['total'] if not f['shard'] else \
+        _sharded(n['block_shapes'], R) * cfg.n_layer + _sharded(n['root_shapes'], R)
+    # Optimizer step: fused AdamW, memory bound, on the device; on the host under offload (or for
+    # CPU ranks), where the ranks of a node share its memory bandwidth. It streams p, g and its
+    # state in, p and the state out; clipping reads g.
+    on_host = lambda r: f['offload'] or r['device'] == 'cpu'
+    step_bytes = 16 + 2 * optimizer_state_bytes()
+    opt = [step_bytes * mine * (per_node[r['node']] / HOST_ADAM_BW if on_host(r)
+                                else 1 / (_dev(r)['hbm'] * 1e9 * HBM_EFFICIENCY)) for r in ranks]
+    bw, ring = _bandwidth(ranks, inter_node_bw), (R - 1) / R
+    cb = 4 if dtype in ('float32', 'fp32') else 2
+    if batch > EXACT:  # the same, in closed form: micro-batches as runs of equal sizes
+        step, share, sizes = _time_runs(batch, caps, c0, c1, opt, f, n, R, ring, bw, cb,
+                                        _comm(f, n, R, ring, bw, cb, ranks, per_node, accumulate,
+                                              mine), accumulate, weights)
+    elif not f['shard']:
+        # DDP: each rank alone, then one all-reduce of the fp32 grads (ring: 2(N-1)/N of them),
+        # overlapped with the backward (2/3) of the slowest rank's last micro-batch.
+        share, sizes = weighted(batch, caps, weights, False) if weights else \
+            split(batch, caps, c0, c1, fixed=opt)
+        busy = [sum(a + c * max(m, 1) for m in ms) + o for a, c, ms, o in zip(c0, c1, sizes, opt)]
+        slow = max(range(R), key=busy.__getitem__)
+        last = c0[slow] + c1[slow] * max(sizes[slow][-1], 1)
+        step = busy[slow] + max(0.0, 2 * ring * 4 * n['total'] / bw - 2 / 3 * last)
+    else:
+        gather, reduce, host_add = _comm(f, n, R, ring, bw, cb, ranks, per_node, accumulate, mine)
+        # The same count K of micro-batches on every rank; each waits for the slowest rank's
+        # piece, and prefetching overlaps the collectives with compute. Try K from the fewest up
+        # while the caps still bind the split.
+        best = None
+        for K in range(math.ceil(batch / sum(caps)), batch + 1):
+            share, sizes = weighted(batch, caps, weights, True) if weights else \
+                split(batch, caps, c0, c1, count=K)
+            K = len(sizes[0])
+            comm = [gather + (reduce if not accumulate or j == K - 1 else 0) for j in range(K)]
+            compute = [max(a + c * max(ms[j], 1) for a, c, ms in zip(c0, c1, sizes))
+                       for j in range(K)]
+            t = sum(max(comm[j], compute[j]) + (host_add if j else 0.0) for j in range(K))
+            if best is None or t + max(opt) < best[0]:
+                best = (t + max(opt), share, sizes)
+            if weights or all(x < K * m for x, m in zip(share, caps)):
+                break  # no rank is full: more micro-batches only cost
+        step, share, sizes = best
+        # the root group (tied embeddings) is gathered before anything can run and reduced after
+        # everything has: its collectives are exposed
+        step += ring * (cb + 4) * n['root'] / bw if R > 1 else 0.0
+    result['runs' if batch > EXACT else 'sizes'] = sizes
+    largest = [max(n for n, k in ms if k) if batch > EXACT else max(ms) for ms in sizes]
+    predicted = [est(r, max(b, 1), count, s)
+                 for r, b, count, s in zip(ranks, largest, _counts(result), ranks_strategy)]
+    peaks = [_peak(r, dtype) for r in ranks]
+    mfu = costs.mfu(cfg, batch, step, sum(peaks) if all(peaks) else None)
+    result.update(share=share, predicted=predicted, step=step, mfu=mfu, ac=ac,
+                  tokens_per_sec=batch * cfg.block_size / step)
+    return result
+
+
+def _comm(f, n, R, ring, bw, cb, ranks, per_node, accumulate, mine):
+    # FSDP2 per micro-batch: all-gather of 16-bit weights (forward, and again for backward when
+    # resharded) and a reduce-scatter of fp32 grads, each (N-1)/N of the model; under offload
+    # the fp32 shards cross PCIe to the device before each all-gather and the grads back (one
+    # rank too: no ring, the same copies). Offloaded and reduced after each micro-batch, every
+    # micro-batch but the first adds its gradients to the host's: FSDP2 then copies them back
+    # synchronously (its add on the host needs them) and adds on the CPU (read 2, write 1 fp32 per
+    # parameter): not overlapped. Returns the seconds of (gathers, reduce, host add).
+    gathers = 2 if f['reshard_after_forward'] else 1
+    pcie = min(_dev(r)['host'] for r in ranks) * 1e9 * PCIE_EFFICIENCY
+    gather = ring * gathers * cb * n['total'] / bw + \
+        (gathers * 4 * mine / pcie if f['offload'] else 0)
+    reduce = ring * 4 * n['total'] / bw + (4 * mine / pcie if f['offload'] else 0)
+    host_add = 0.0
+    if f['offload'] and not accumulate:
+        host_add = 4 * mine / pcie + 12 * mine * max(per_node.values()) / HOST_ADAM_BW
+    return gather, reduce, host_add
+
+
+def _time_runs(batch, caps, c0, c1, opt, f, n, R, ring, bw, cb, comm, accumulate, weights):
+    # _evaluate_one's step time for a batch above balance.EXACT: each rank's micro-batches as runs
+    # of equal sizes (balance.runs: at most two), summed in closed form, and under FSDP the counts
+    # of micro-batches tried from the fewest up one by one, then by quarters (a bounded number of
+    # tries, where the step-by-step search would try every count while a rank is full).
+    # Returns (step, shares, runs).
+    if not f['shard']:
+        share = weighted_shares(batch, weights) if weights else \
+            split_shares(batch, caps, c0, c1, fixed=opt)
+        rs = [runs(x, m) for x, m in zip(share, caps)]
+        busy = [sum(k * (a + c * max(m, 1)) for m, k in r) + o
+                for a, c, r, o in zip(c0, c1, rs, opt)]
+        slow = max(range(R), key=busy.__getitem__)
+        last = c0[slow] + c1[slow] * max(rs[slow][-1][0], 1)
+        return busy[slow] + max(0.0, 2 * ring * 4 * n['total'] / bw - 2 / 3 * last), share, rs
+    gather, reduce, host_add = comm
+    best, K = None, math.ceil(batch / sum(caps))
+    while K <= batch:
+        share = weighted_shares(batch, weights) if weights else \
+            split_shares(batch, caps, c0, c1, count=K)
+        K = lockstep_count(share, caps) if weights else K
+        rs = [runs(x, m, K) for x, m in zip(share, caps)]
+        segments = lockstep_segments(rs, c0, c1)
+        t = sum(k * max(gather + (0.0 if accumulate else reduce), c) for k, c in segments)
+        if accumulate:  # (the last micro-batch reduces)
+            t += max(gather + reduce, segments[-1][1]) - max(gather, segments[-1][1])
+        t += host_add * (K - 1)
+        if best is None or t + max(opt) < best[0]:
+            best = (t + max(opt), share, rs)
+        if weights or all(x < K * m for x, m in zip(share, caps)):
+            break
+        K += max(1, K // 4)
+    step, share, rs = best  # (+ the exposed root group's collectives, as _evaluate_one says)
+    return step + (ring * (cb + 4) * n['root'] / bw if R > 1 else 0.0), share, rs
+
+
+def _counts(result):  # micro-batches per rank of an _evaluate_one result (lists or runs)
+    if 'runs' in result:
+        return [sum(k for _, k in r) for r in result['runs']]
+    return [len(ms) for ms in result['sizes']]
+
+
+def _expand(rs):  # runs as the list of sizes train.py iterates over
+    out = []
+    for n, k in rs:
+        out += [n] * k
+    return out
+
+
+def _grow(ranks, k):
+    # The same mix of devices k times over, with the nodes filled as now (8 per node if one).
+    per = max(Counter(r['node'] for r in ranks).values())
+    per = 8 if len({r['node'] for r in ranks}) == 1 and per < 8 else per
+    return [dict(r, node=i // per) for i, r in enumerate(ranks * k)]
+
+
+def _advice(cfg, batch, ranks, plan, mbs, dtype, inter_node_bw, results):
+    # What would make it fit, computed: more host memory (offload), more of the same GPUs, a
+    # shorter sequence. (The global batch never matters: accumulation reaches any batch.)
+    tried = [s for s in STRATEGIES if plan in ('auto', s)]
+    # why: the rung that comes closest on the device, and the host memory of the offload rungs
+    why = ''
+    if not any(r['device_ok'] for r in results):
+        over = lambda r, i: r['need'][i][0] / r['need'][i][1]
+        worst = [(max(range(len(ranks)), key=lambda i: over(r, i)), r) for r in results]
+        i, r = min(worst, key=lambda w: over(w[1], w[0]))
+        why = (f"{r['strategy']} needs {r['need'][i][0] / GiB:,.1f} GiB on rank {i} "
+               f"({ranks[i]['gpu'] or 'cpu'}) at {max(1, mbs)} sequence(s) per micro-batch, "
+               f"budget {r['need'][i][1] / GiB:,.1f}")
+    for r in results:
+        if r['device_ok'] and not r['host_ok']:
+            node = max(r['host_need'], key=r['host_need'].get)
+            host_mem = next(x['host_mem'] for x in ranks if x['node'] == node)
+            why += (f"{r['strategy']} fits the device but needs {r['host_need'][node] / GiB:,.0f} "
+                    f"GiB of host memory on node {node}, budget "
+                    f"{host_mem * ranks[0]['fraction'] / GiB:,.0f}")
+            break
+    ways, needs = [], {}
+    for r in results:
+        if r['strategy'] in tried and flags(r['strategy'])['offload'] and r['device_ok']:
+            host = max(r['host_need'].values()) / ranks[0]['fraction']
+            if host < needs.get('host_mem_per_node', math.inf):
+                needs['host_mem_per_node'] = host
+                ways.append(f"host memory >= {host / GiB:,.0f} GiB per node ({r['strategy']})")
+    if all(r['device'] == 'cuda' for r in ranks) and (plan == 'auto' or flags(plan)['shard']):
+        fits = lambda k: any('step' in _evaluate(cfg, batch, _grow(ranks, k), s, mbs, dtype,
+                                                 inter_node_bw) for s in tried)
+        lo, hi = 1, 2
+        while hi * len(ranks) <= 4096 and not fits(hi):
+            lo, hi = hi, hi * 2
+        if hi * len(ranks) <= 4096:
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+            grown = _grow(ranks, hi)
+            kinds = Counter(r['gpu'] or 'GPU' for r in grown)
+            needs['gpus'] = len(grown)
+            nodes = len({r['node'] for r in grown})
+            ways.append(' + '.join(f"{c}×{g}" for g, c in kinds.items())
+                        + f" ({nodes} node(s), same host memory per node)")
+    for s in tried:  # the states fit but not one micro-batch: the longest block_size that would,
+        # a power of two (found by bisection: each size tried is one more measurement of the net)
+        r = next(r for r in results if r['strategy'] == s)
+        if r['host_ok'] and not r['device_ok']:
+            ok = lambda t: _evaluate(replace(cfg, block_size=t), max(1, mbs) * len(ranks), ranks,
+                                     s, mbs, dtype, inter_node_bw)['device_ok']
+            sizes = [2**k for k in range(cfg.block_size.bit_length()) if 2**k < cfg.block_size]
+            lo, hi = -1, len(sizes)  # sizes[lo] fits (-1: none), sizes[hi] does not
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (mid, hi) if ok(sizes[mid]) else (lo, mid)
+            if lo >= 0 and sizes[lo] > needs.get('block_size', 0):
+                needs['block_size'] = sizes[lo]
+                ways.append(f"block_size <= {sizes[lo]} ({s})")
+    text = f"{why}." + (" Would fit with: " + '; or '.join(ways) + '.' if ways else '')
+    return text, needs
+
+
+def batch_of(batch_size, gradient_accumulation_steps=0, micro_batch_size=0):
+    # (global batch, micro-batch) of a config. hetgpt's batch_size is the global batch. A config
+    # that sets gradient_accumulation_steps > 0 speaks nanoGPT: batch_size is then the micro-batch
+    # and the global batch batch_size × gradient_accumulation_steps, whatever the world size.
+    # A global batch above MAX_BATCH is a mistake: one line (train.py and plan.py call this right
+    # after reading the knobs, before any work).
+    if gradient_accumulation_steps > 0:
+        batch, micro = batch_size * gradient_accumulation_steps, micro_batch_size or batch_size
+        if batch > MAX_BATCH:
+            die(f"gradient_accumulation_steps={gradient_accumulation_steps}: the global batch "
+                f"batch_size × gradient_accumulation_steps = {batch_size} × "
+                f"{gradient_accumulation_steps} = {batch:,} sequences is above {MAX_BATCH:,} "
+                f"(2**24); nanoGPT's meaning: batch_size is the micro-batch")
+        return batch, micro
+    return batch_size, micro_batch_size
+
+
+def make_plan(model_config, batch_size, ranks, plan='auto', micro_batch_size=0,
+              memory_fraction=0.9, dtype='bfloat16', inter_node_bw=None, weights=None,
+              init_device='auto'):
+    # ranks: one dict per rank: device 'cuda'|'cpu', gpu (GPUS key or None), mem (device bytes the
+    # rank may use; a CPU rank: its share of host memory), host_mem (its node's host bytes, None =
+    # not checked), node, overhead (bytes outside PyTorch's allocator; None = default). Every
+    # candidate that fits is timed; the fastest wins (ties: lower rung). weights: split the batch
+    # in proportion to them (balance=even or w1,w2,...) instead of by speed.
+    cfg = _config(model_config)
+    ranks = _normalise(ranks, memory_fraction)
+    dtype = str(dtype).replace('torch.', '')
+    assert plan == 'auto' or plan in STRATEGIES, \
+        f"plan={plan!r}: choose auto or one of {', '.join(STRATEGIES)}"
+    tried = STRATEGIES if plan == 'auto' else (plan,)
+    if not optimizer_updates_shards_alone():
+        if flags(tried[0])['shard'] and plan != 'auto':
+            die(f"plan={plan}: model.make_optimizer's update of a matrix is not the update of its "
+                f"row shards (FSDP would change it): use plan=ddp or plan=ddp+ac")
+        tried = tuple(s for s in tried if not flags(s)['shard'])
+    evaluate = functools.partial(_evaluate, cfg, batch_size, ranks, mbs=micro_batch_size,
+                                 dtype=dtype, inter_node_bw=inter_node_bw, weights=weights,
+                                 choose=plan == 'auto')
+    results = [evaluate(strategy=s) for s in tried]
+    feasible = [r for r in results if 'step' in r]
+    best = min(feasible, key=lambda r: r['step']) if feasible else None
+    advice, needs = '', {}
+    if best is None:
+        advice, needs = _advice(cfg, batch_size, ranks, plan, micro_batch_size, dtype,
+                                inter_node_bw, results)
+        if plan != 'auto':
+            auto = make_plan(cfg, batch_size, ranks, 'auto', micro_batch_size, memory_fraction,
+                             dtype, inter_node_bw)
+            if auto.fits:
+                advice += f" plan=auto fits ({auto.strategy})."
+                needs['plan'] = auto.strategy
+        best = dict(results[-1])  # the last rung tried, shown at one sequence per rank
+        per_node = Counter(x['node'] for x in ranks)
+        best.update(share=[0] * len(ranks), sizes=[[1]] * len(ranks), step=0.0, mfu=None,
+                    tokens_per_sec=0.0, ac=[flags(best['strategy'])['ac']] * len(ranks),
+                    predicted=[estimate(cfg, best['strategy'], 1, len(ranks), dtype,
+                                        per_node[r['node']], r['overhead'], r['device'])
+                               for r in ranks])
+    elif any(r['host_mem'] is None for r in ranks) and flags(best['strategy'])['offload']:
+        advice = "host memory not given: not checked"
+    # Where the weights are first made: 'cpu', the whole model on the host (the same weights under
+    # every strategy), when each node holds a float32 copy per rank in half its memory; else
+    # 'meta', each rank making only its own shard after wrapping.
+    per_node, total = Counter(r['node'] for r in ranks), counts(cfg)['total']
+    if init_device == 'auto':
+        init_device = 'cpu' if all(r['host_mem'] is None or 4 * total * per_node[r['node']]
+                                   < r['host_mem'] / 2 for r in ranks) else 'meta'
+    f = flags(best['strategy'])
+    sizes = best['sizes'] if 'sizes' in best else [_expand(r) for r in best['runs']]
+    return Plan(strategy=best['strategy'], **f, checkpoint=best['ac'], init_device=init_device,
+                reduce_every_micro_batch=f['shard'] and not best['accumulate'],
+                micro_batch=best['caps'], share=best['share'], micro_batches=sizes,
+                predicted=best['predicted'], step_time=best['step'],
+                tokens_per_sec=best['tokens_per_sec'], mfu=best['mfu'], fits=bool(feasible),
+                advice=advice, needs=needs, ranks=ranks, batch_size=batch_size,
+                block_size=cfg.block_size, n_params=total, dtype=dtype, weights=weights,
+                candidates=[(r['strategy'], 'step' in r, r.get('step')) for r in results],
+                config=cfg)
+
+
+def after_oom(caps, peaks, strategy):
+    # The probe step ran out of memory (peak None) on some ranks: they halve their micro-batch. At
+    # one sequence there is nothing to halve: the next rung is the way.
+    if any(peak is None and cap == 1 for peak, cap in zip(peaks, caps)):
+        rungs = STRATEGIES[STRATEGIES.index(strategy) + 1:]
+        die(f"out of memory at micro-batch 1 under plan {strategy}: try "
+            f"{'plan=' + rungs[0] if rungs else 'more GPUs or a shorter block_size'}")
+    return [cap if peak else max(1, cap // 2) for peak, cap in zip(peaks, caps)]
+
+
+def resplit(p, caps, c0=None, c1=None):
+    # The plan's split again, after the probe step: for the micro-batch caps it left and, by speed,
+    # for each rank's measured c0, c1 (balance.py). This is the split the first step runs.
+    if p.weights or c0 is None:  # by weights, or no speeds to go by: the planned shares
+        share = weighted(p.batch_size, caps, p.weights, p.shard)[0] if p.weights else p.share
+        sizes = pieces(share, caps, lockstep_count(share, caps) if p.shard else None)
+    else:
+        count = max(len(p.micro_batches[0]), math.ceil(p.batch_size / sum(caps)))
+        share, sizes = split(p.batch_size, caps, c0, c1, count=count if p.shard else None)
+    return replace(p, micro_batch=caps, share=share, micro_batches=sizes)

@@ -1,0 +1,98 @@
+"""
+One run per out_dir: the lock, and the claim that never overwrites another run's checkpoints.
+"""
+import atexit
+import json
+import os
+import socket
+
+from hetgpt.ckpt import checkpoints
+from hetgpt.errors import die
+
+
+# out_dir lock: one run per out_dir. Two runs at once would interleave metrics.jsonl and prune each
+# other's checkpoints. The lock is a file made with O_EXCL holding its owner; it is taken over when
+# that owner is gone: a dead process on this host, or an earlier attempt of this torchrun job.
+def _start_time(pid):
+    # The process's start time in clock ticks since boot (Linux): a reused pid has another one.
+    try:
+        return open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _stale(owner):
+    if owner.get('job') and owner['job'] == os.environ.get('TORCHELASTIC_RUN_ID'):
+        return True  # a restart of this very job (torchrun --max-restarts)
+    if owner.get('host') != socket.gethostname():
+        return False  # can't tell from here
+    start = _start_time(owner.get('pid'))
+    return start is None or start != owner.get('start')
+
+
+def lock(out_dir):
+    path = os.path.join(out_dir, '.lock')
+    me = {'pid': os.getpid(), 'host': socket.gethostname(), 'start': _start_time(os.getpid()),
+          'job': os.environ.get('TORCHELASTIC_RUN_ID')}
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            if os.path.isdir(path) and not os.path.islink(path):
+                # never one of ours (ours is a file): someone's folder, left as it is
+                die(f"{path} is a directory, not a lock file of a run: move it away (nothing "
+                    f"was touched), or use another out_dir")
+            try:
+                owner = json.load(open(path))
+                assert isinstance(owner, dict)
+            except (OSError, ValueError, AssertionError):
+                owner = {}  # torn by a crash between create and write: nobody's
+            if owner and not _stale(owner):
+                die(f"{out_dir} is in use by another run (pid {owner.get('pid')} on "
+                    f"{owner.get('host')}); wait for it, use another out_dir, or delete "
+                    f"{path} if that run is gone")
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
+            except OSError as e:  # (a folder that lets us create files but not delete them)
+                die(f"cannot take over the stale lock {path} ({e.strerror}); delete it, or use "
+                    f"another out_dir")
+            continue
+        except OSError as e:
+            die(f"cannot make the lock {path} ({e.strerror}); use another out_dir")
+        with os.fdopen(fd, 'w') as f:
+            json.dump(me, f)
+        atexit.register(lambda: _unlock(path, me))
+        return
+    die(f"cannot take the lock {path}: another run keeps taking it; use another out_dir")
+
+
+def claim(out_dir, rank, init_from):
+    # out_dir for this run: writable now (not at the first checkpoint an hour from here), locked,
+    # and not another run's: a new run over its checkpoints would lose its metrics and prune them.
+    # Returns the checkpoints found there.
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        probe = os.path.join(out_dir, f'.write_test_{rank}')
+        open(probe, 'w').close()
+        os.remove(probe)
+    except OSError as e:
+        die(f"out_dir={out_dir!r} is not writable ({e.strerror}); choose another out_dir")
+    if rank == 0:
+        lock(out_dir)
+    found = checkpoints(out_dir)
+    if init_from not in ('resume', 'auto') and found:
+        die(f"{out_dir} holds another run's checkpoints (latest {os.path.basename(found[-1])}): "
+            f"init_from=auto to go on from it, or another out_dir")
+    if init_from == 'resume' and not found:
+        die(f"init_from=resume but {out_dir} has no checkpoint; train first or use init_from=auto")
+    return found
+
+
+def _unlock(path, me):
+    try:
+        if json.load(open(path)) == me:
+            os.remove(path)
+    except (OSError, ValueError):
+        pass
