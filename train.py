@@ -34,7 +34,7 @@ from torch.utils.checkpoint import checkpoint
 
 from hetgpt import ckpt
 from hetgpt import costs
-from hetgpt import group, membership, metrics, optim, rundir, signals, tokens
+from hetgpt import corpus, group, membership, metrics, optim, rundir, signals
 from hetgpt import hardware
 from hetgpt import hf
 from hetgpt import planner
@@ -127,7 +127,7 @@ if n_embd % n_head:
 if decay_lr and min_lr > learning_rate:
     die(f"min_lr={min_lr} is above learning_rate={learning_rate}: lower min_lr")
 # nanoGPT's character-level data (meta.pkl) sets the vocabulary, unless the config does
-dataset_meta = tokens.dataset_vocab(os.path.join('data', dataset))
+dataset_meta = corpus.dataset_vocab(os.path.join('data', dataset))
 if dataset_meta and vocab_size == defaults['vocab_size'] and not init_from.startswith('gpt2'):
     vocab_size = config['vocab_size'] = dataset_meta['vocab_size']
 world_size = int(os.environ.get('WORLD_SIZE', 1))  # set by torchrun, as the three below
@@ -174,7 +174,7 @@ def gather(obj):  # every rank's obj, in rank order
 # Data: a flat uint16 token file per split. The sequences of the global batch at step k are a fixed
 # function of (seed, k), whatever the world size, split or micro-batching: resume and uneven splits
 # are exact because every rank agrees on the batch and takes its own slice.
-data = {split: tokens.open_tokens(os.path.join('data', dataset, f'{split}.bin'), block_size,
+data = {split: corpus.open_tokens(os.path.join('data', dataset, f'{split}.bin'), block_size,
                                  vocab_size, dataset) for split in ('train', 'val')}
 
 
@@ -187,7 +187,7 @@ def get_batch(split, offsets):
     # The windows of block_size+1 tokens at offsets, each id checked below vocab_size (a change to
     # the file that the start-up check's sampled cache missed: one line, before a step uses it)
     windows = np.stack([data[split][i:i + block_size + 1] for i in offsets])
-    tokens.check_batch(os.path.join('data', dataset, f'{split}.bin'), windows, offsets, vocab_size)
+    corpus.check_batch(os.path.join('data', dataset, f'{split}.bin'), windows, offsets, vocab_size)
     x, y = windows[:, :-1].astype(np.int64), windows[:, 1:].astype(np.int64)
     # CUDA: from pinned memory the copy is asynchronous: the host does not wait for the device
     pinned = lambda t: t.pin_memory().to(device, non_blocking=True) if device_type == 'cuda' else t
@@ -236,7 +236,7 @@ if not init_from.startswith('gpt2'):
         raw_model.materialise('cpu', seed, draw_on=device)
 # In this order: activation checkpointing, then compile, then FSDP/DDP wrapping (compile sees the
 # checkpointed blocks; FSDP wraps the compiled ones; torchtitan's order).
-recomputes = run_plan.checkpoint[rank]  # this rank's backward runs its forward again
+recomputes = run_plan.ac[rank]  # this rank's backward runs its forward again
 if recomputes:
     for block in raw_model.transformer.h:
         block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
@@ -409,7 +409,7 @@ if gradient_accumulation_steps:
         f"batch {batch_size} = {config['batch_size']} × {gradient_accumulation_steps} sequences")
 # rank 0's record: first the plan against the probe step (for bench/ and for the record)
 record = metrics.Metrics(out_dir, iter_num, {
-    'iter': iter_num, 'plan': run_plan.strategy, 'ac': run_plan.checkpoint[0],
+    'iter': iter_num, 'plan': run_plan.strategy, 'ac': run_plan.ac[0],
     'micro_batch': caps[0], 'pred_gib': run_plan.predicted[0]['total'] / 2**30,
     'pred_host_gib': run_plan.predicted[0]['host_rank'] / 2**30,
     'pred_tokens_per_sec': run_plan.tokens_per_sec, 'probe_gib': probed['total'] / 2**30,

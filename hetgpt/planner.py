@@ -155,11 +155,11 @@ def estimate(model_config, strategy, micro_batch, world_size, dtype='bfloat16', 
 class Plan:
     # Every decision train.py applies; lists hold one entry per rank.
     strategy: str
-    ac: bool                        # the strategy's rung has checkpointing (see checkpoint)
+    ac: list                        # per rank: activation checkpointing of each block (a +ac
+                                    # rung; under DDP only on the ranks that need it)
     shard: bool
     reshard_after_forward: bool
     offload: bool
-    checkpoint: list                # per rank: checkpoint each block (under DDP only where needed)
     reduce_every_micro_batch: bool  # FSDP: reduce-scatter after each micro-batch, or accumulate
     init_device: str                # where weights are first made: 'cpu' (whole) or 'meta'
     micro_batch: list               # per rank: the largest micro-batch (sequences) that fits
@@ -208,7 +208,7 @@ class Plan:
             peak = _peak(r, self.dtype)
             mfu = costs.mfu(self.config, self.share[i], self.step_time, peak)
             out.append(f"{i:>4} {r['node']:>4} {r['gpu'] or r['device']:<14} {self.share[i]:>5} "
-                       f"{mb:>9} {'yes' if self.checkpoint[i] else 'no':<3} pred"
+                       f"{mb:>9} {'yes' if self.ac[i] else 'no':<3} pred"
                        + ''.join(f"{g(p[k]):>8}" for k in parts)
                        + f"{g(r['mem'] * r['fraction']):>8}{g(p['host']) if p['host'] else '-':>10}"
                        + (f"{tps:>10,.0f}" if self.step_time else f"{'-':>10}")
@@ -612,7 +612,7 @@ def make_plan(model_config, batch_size, ranks, plan='auto', micro_batch_size=0,
                                    < r['host_mem'] / 2 for r in ranks) else 'meta'
     f = flags(best['strategy'])
     sizes = best['sizes'] if 'sizes' in best else [_expand(r) for r in best['runs']]
-    return Plan(strategy=best['strategy'], **f, checkpoint=best['ac'], init_device=init_device,
+    return Plan(strategy=best['strategy'], **{**f, 'ac': best['ac']}, init_device=init_device,
                 reduce_every_micro_batch=f['shard'] and not best['accumulate'],
                 micro_batch=best['caps'], share=best['share'], micro_batches=sizes,
                 predicted=best['predicted'], step_time=best['step'],
