@@ -48,18 +48,23 @@ def check(key, value, defaults, where):
 
 
 def check_rule(key, value, rule):
-    # A RULES entry: '> 0', '>= 1', an interval '[0, 1)', a regular expression a string knob must
-    # match whole ('auto|cpu|cuda(:[0-9]+)?'), or '' (any value of the knob's type).
+    fault = rule_fault(key, value, rule)
+    if fault:
+        die(fault)
+
+
+def rule_fault(key, value, rule):
+    # What is wrong with key=value under a RULES entry, or None. An entry: '> 0', '>= 1', an
+    # interval '[0, 1)', a regular expression a string knob must match whole
+    # ('auto|cpu|cuda(:[0-9]+)?'), or '' (any value of the knob's type).
     if isinstance(value, float) and not math.isfinite(value):
-        die(f"{key}={value}: must be a finite number")
+        return f"{key}={value}: must be a finite number"
     if not rule or value is None:
-        return
+        return None
     bound = re.fullmatch(r'(>=?)\s*(\S+)', rule)
     interval = re.fullmatch(r'([\[(])\s*([^,]+),\s*([^\])]+)([\])])', rule)
     if isinstance(value, str):
-        if not re.fullmatch(rule, value):
-            die(f"{key}={value!r}: must be one of {rule}")
-        return
+        return None if re.fullmatch(rule, value) else f"{key}={value!r}: must be one of {rule}"
     if bound:
         low = float(bound[2])
         ok = value >= low if bound[1] == '>=' else value > low
@@ -69,8 +74,7 @@ def check_rule(key, value, rule):
               and (value <= high if interval[4] == ']' else value < high))
     else:
         raise ValueError(f"bad rule {rule!r} for {key}")  # a mistake in the script, not the user's
-    if not ok:
-        die(f"{key}={value!r}: must be {'in ' if interval else ''}{rule}")
+    return None if ok else f"{key}={value!r}: must be {'in ' if interval else ''}{rule}"
 
 
 def parse_value(text):
@@ -168,6 +172,22 @@ def knobs(path):
         elif not (node or lines[n - 1].strip()):
             above = None  # a blank line ends a knob's comment
     return [tuple(k) for k in found]
+
+
+def defaults_of(path):
+    # {knob: default} of the script at path, read as --help reads it (knobs): nothing of it runs
+    return {name: ast.literal_eval(text) for _, name, text, _ in knobs(path)}
+
+
+def rules_of(path):
+    # The script's RULES table, read from its source: its entries written as 'knob': 'rule'. A
+    # spread of another table (train.py's **shape.RULES) or a computed rule is not read.
+    for node in ast.parse(open(path, encoding='utf-8').read()).body:
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
+                and [getattr(t, 'id', None) for t in node.targets] == ['RULES']):
+            return {k.value: v.value for k, v in zip(node.value.keys, node.value.values)
+                    if isinstance(k, ast.Constant) and isinstance(v, ast.Constant)}
+    return {}
 
 
 def help_text(path):

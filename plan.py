@@ -1,30 +1,31 @@
 """
-plan.py: how a GPT config trains on the devices at hand, decided before any weight is allocated.
+plan.py: does a GPT config fit these GPUs, and how? The planner's dry run (hetgpt/planner.py),
+before any GPU is touched: the model is built on the meta device, nothing is allocated.
 
 $ python plan.py configs/gpt_70b.py --gpus 16xA100-80GB --host_mem 1024 --nodes 2
 $ python plan.py configs/gpt_13b.py --gpus 4xA100-80GB,4xV100-32GB --host_mem 512
 
-For a strategy (DDP or FSDP2, with or without per-block activation checkpointing and CPU offload)
-it predicts the bytes each rank holds, the largest micro-batch that fits, and the step time; it
-picks the fastest strategy that fits and splits the global batch over unlike ranks so that they
-finish together. train.py applies the plan and checks it with a real probe step. Everything is
-derived from the model built on the meta device (exact parameter counts, no weights allocated).
-Notation: P parameters, N ranks, L layers, h width, s sequence, b micro-batch, V vocabulary.
+The model's shape and the batch are train.py's knobs, with its defaults and rules (read from its
+source); the table shows each rank's strategy, micro-batch, memory and predicted speed.
 """
 import argparse
 import math
+import os
 import re
 import sys
 import time
-from dataclasses import fields
 
-from configurator import configure
+from configurator import configure, defaults_of, rules_of
+from hetgpt import shape
 from hetgpt.errors import die
 from hetgpt.hardware import GPUS, gpu_key
-from hetgpt.planner import GiB, SHAPE_RULES, STRATEGIES, batch_of, make_plan
-from model import GPTConfig, config_from
+from hetgpt.planner import GiB, STRATEGIES, batch_of, make_plan
+from model import config_from
 
 DEFAULT_GPUS = '1xH200'
+TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train.py')
+KNOBS = (*shape.RULES, 'batch_size', 'gradient_accumulation_steps', 'micro_batch_size',
+         'memory_fraction')
 
 
 def _cluster(gpus, nodes, host_mem):
@@ -71,8 +72,10 @@ def main(argv=None):
                "exit status: 0 fits, 1 does not fit (and what would), 2 a mistake",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('config', nargs='+',
-                    help="configs/*.py, and --key=value overrides of the model or batch "
-                         "(batch_size, gradient_accumulation_steps, micro_batch_size)")
+                    help="configs/*.py, and --key=value overrides of the train.py knobs plan.py "
+                         "reads: the model's shape (n_layer, n_embd, ...), the batch (batch_size, "
+                         "gradient_accumulation_steps, micro_batch_size: e.g. "
+                         "--micro_batch_size=4) and memory_fraction")
     ap.add_argument('--gpus', default=None,
                     help=f"COUNTxNAME[,COUNTxNAME...], NAME one of {', '.join(GPUS)}, or cpu "
                          f"(CPU ranks need --host_mem): e.g. 16xA100-80GB, "
@@ -82,11 +85,6 @@ def main(argv=None):
     ap.add_argument('--nodes', type=int, default=0, help="ranks spread evenly over them "
                     "(default 0: 8 GPUs per node)")
     ap.add_argument('--plan', default='auto', choices=('auto',) + STRATEGIES)
-    ap.add_argument('--micro_batch_size', type=int, default=0,
-                    help="sequences per forward on each rank (default 0: the config's, else the "
-                         "planner's choice)")
-    ap.add_argument('--memory_fraction', type=float, default=0.9,
-                    help="of each device's memory the planner may use")
     ap.add_argument('--dtype', default='bfloat16', choices=('bfloat16', 'float16', 'float32'))
     ap.add_argument('--inter_node_gbs', type=float, default=None,
                     help="GB/s per GPU between nodes (default: the GPU's reference system)")
@@ -94,8 +92,6 @@ def main(argv=None):
     for name, ok, want in (  # (nan and inf fail these comparisons)
             ('host_mem', args.host_mem is None or 0 < args.host_mem < math.inf, 'a number > 0'),
             ('nodes', args.nodes >= 0, '>= 0 (0: 8 GPUs per node)'),
-            ('micro_batch_size', args.micro_batch_size >= 0, ">= 0 (0: the planner's choice)"),
-            ('memory_fraction', 0 < args.memory_fraction <= 1, 'in (0, 1]'),
             ('inter_node_gbs', args.inter_node_gbs is None or 0 < args.inter_node_gbs < math.inf,
              'a number > 0')):
         if not ok:
@@ -103,18 +99,19 @@ def main(argv=None):
     for a in args.config + rest:
         if not (a.startswith('--') or a.endswith('.py')):
             die(f"{a!r}: give config files (configs/*.py) and --key=value overrides")
-    # the model's shape and the batch, as train.py reads them (its knobs of the same names)
-    defaults = {f.name: f.default for f in fields(GPTConfig)} | dict(
-        batch_size=1, gradient_accumulation_steps=0, micro_batch_size=0)
-    config = configure(defaults, args.config + rest, strict_files=False, rules=SHAPE_RULES)
-    if config['n_embd'] % config['n_head']:
-        die(f"n_embd={config['n_embd']} is not divisible by n_head={config['n_head']}")
+    # the model's shape, the batch and memory_fraction: train.py's knobs, with its defaults and
+    # rules (read from train.py's source: nothing of it runs)
+    defaults = {k: v for k, v in defaults_of(TRAIN).items() if k in KNOBS}
+    rules = {**shape.RULES, **rules_of(TRAIN)}
+    config = configure(defaults, args.config + rest, strict_files=False,
+                       rules={k: rules[k] for k in KNOBS})
+    shape.check(config)
     ranks = _cluster(DEFAULT_GPUS if args.gpus is None else args.gpus, args.nodes, args.host_mem)
     # nanoGPT's configs: gradient_accumulation_steps > 0 makes batch_size the micro-batch
     batch, micro = batch_of(config['batch_size'], config['gradient_accumulation_steps'],
-                            args.micro_batch_size or config['micro_batch_size'])
+                            config['micro_batch_size'])
     p = make_plan(config_from(config), batch, ranks, plan=args.plan, micro_batch_size=micro,
-                  memory_fraction=args.memory_fraction, dtype=args.dtype,
+                  memory_fraction=config['memory_fraction'], dtype=args.dtype,
                   inter_node_bw=args.inter_node_gbs and args.inter_node_gbs * 1e9)
     if args.gpus is None:
         print(f"no --gpus given: planned for {DEFAULT_GPUS}; choose with --gpus, e.g. "

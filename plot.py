@@ -3,11 +3,11 @@ Plot a run's metrics.jsonl: train and val loss against tokens trained, the learn
 second y axis.
   python plot.py out/tiny    # writes out/tiny/loss.png
 """
-import json
 import os
 import sys
 
 from hetgpt.errors import die
+from hetgpt.metrics import read_rows
 
 
 def number(x):
@@ -30,16 +30,11 @@ if not os.path.isfile(path):
     die(f"no {path}: train first (python train.py configs/gpt_tiny.py)")
 train, val = {}, {}
 try:
-    with open(path, encoding='utf-8', errors='replace') as f:
-        lines = f.readlines()
+    rows = read_rows(path)  # (the last line may be half written while training runs)
 except OSError as e:
     die(f"cannot read {path} ({e.strerror})")
-for line in lines:
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError:  # the last line may be half written while training runs
-        continue
-    if not isinstance(row, dict) or not number(row.get('iter')) or not number(row.get('tokens')):
+for row in rows:
+    if not number(row.get('tokens')):
         continue  # not a row train.py writes
     # keyed by iter: after a resume the same iters come again, and the later rows are the run's
     if number(row.get('loss')):

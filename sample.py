@@ -150,8 +150,8 @@ if __name__ == '__main__':
         raise SystemExit
 
     # The codec: nanoGPT's characters where the data set has its meta.pkl, else GPT-2's BPE
-    from hetgpt import tokens
-    chars = isinstance(dataset, str) and tokens.dataset_vocab(os.path.join('data', dataset))
+    from hetgpt import corpus
+    chars = isinstance(dataset, str) and corpus.dataset_vocab(os.path.join('data', dataset))
     if chars and 'stoi' in chars:
         stoi, itos = chars['stoi'], chars.get('itos')
         if not (isinstance(stoi, dict) and isinstance(itos, dict)

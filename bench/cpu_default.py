@@ -10,7 +10,6 @@ Options of its own: --steps (default 300), --record (append the result to bench/
 Everything else goes to train.py. Needs data/pydocs (python data/prepare.py --dataset pydocs).
 """
 import datetime
-import json
 import os
 import statistics
 import subprocess
@@ -18,6 +17,8 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from hetgpt.metrics import read_rows  # noqa: E402
 steps, record, train_args = 300, False, []
 for arg in sys.argv[1:]:
     key, _, value = arg.lstrip('-').partition('=')
@@ -41,7 +42,7 @@ with tempfile.TemporaryDirectory() as work:
         p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         if p.returncode:
             sys.exit(f"train.py failed:\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
-        rows = [json.loads(line) for line in open(os.path.join(work, str(len(results)), 'metrics.jsonl'))]
+        rows = read_rows(os.path.join(work, str(len(results)), 'metrics.jsonl'))
         step_rate = statistics.median(r['tokens_per_sec'] for r in rows if 'tokens_per_sec' in r and r['iter'] > 5)
         banner = next(line for line in p.stdout.splitlines() if 'parameters;' in line)
         results[name] = dict(tps=step_rate, val=[r['val_loss'] for r in rows if 'val_loss' in r][-1], banner=banner)

@@ -22,7 +22,6 @@ every child are killed on exit, Ctrl-C included.
 """
 import argparse
 import atexit
-import json
 import os
 import re
 import shutil
@@ -37,6 +36,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, 'tests'))
 from trainer import make_dataset  # noqa: E402
+from hetgpt.metrics import read_rows  # noqa: E402
 
 p = argparse.ArgumentParser(description=__doc__.split('\n')[1], formatter_class=argparse.RawDescriptionHelpFormatter)
 p.add_argument('--steps', type=int, default=60, help='optimizer steps per run')
@@ -180,7 +180,7 @@ def wait_all(procs, deadline, what):
 
 
 def speed(out):
-    rows = [json.loads(line) for line in open(os.path.join(out, 'metrics.jsonl'))]
+    rows = read_rows(os.path.join(out, 'metrics.jsonl'))
     tps = [r['tokens_per_sec'] for r in rows if 'tokens_per_sec' in r and r['iter'] > args.warmup]
     if not tps:
         raise SystemExit(f"no log rows after iter {args.warmup} in {out}/metrics.jsonl")

@@ -25,7 +25,7 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from hetgpt import hardware  # noqa: E402
+from hetgpt import costs, hardware  # noqa: E402
 import model  # noqa: E402
 from configurator import configure  # noqa: E402
 
@@ -64,7 +64,7 @@ if cfg['compile']:
     for block in net.transformer.h:
         block.compile()
     model.LMHeadLoss.kernel = torch.compile(model.chunk_loss)
-optimizer = model.make_optimizer(net.parameters())
+optimizers = model.make_optimizer(net, costs.train_knobs())
 autocast = torch.autocast('cpu', dtype=torch.bfloat16, cache_enabled=False, enabled=cfg['dtype'] == 'bfloat16')
 idx = torch.randint(0, cfg['vocab_size'], (cfg['batch_size'], cfg['block_size']))
 times, cpu = [], []  # wall seconds; this process's CPU seconds (user + system: the kernel's page
@@ -76,8 +76,9 @@ for i in range(cfg['steps'] + 2):  # zeroing is system time), which other proces
         loss = net(idx, idx, reduction='sum')[1]
     loss.backward()
     torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    for optimizer in optimizers:
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
     times.append(time.perf_counter() - t)
     cpu.append(time.process_time() - c)
 print(json.dumps(dict(step_s=statistics.median(times[2:]), cpu_s=statistics.median(cpu[2:]),

@@ -36,7 +36,6 @@ import os
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import fields
 
 import torch
 import torch.distributed as dist
@@ -44,11 +43,11 @@ import torch.distributed as dist
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import model as network  # noqa: E402
-from hetgpt import hardware  # noqa: E402
+from hetgpt import costs, hardware  # noqa: E402
 from hetgpt import planner  # noqa: E402
 import plan  # noqa: E402
-from configurator import configure  # noqa: E402
-from model import GPT, GPTConfig, config_from  # noqa: E402
+from configurator import configure, defaults_of  # noqa: E402
+from model import GPT, config_from  # noqa: E402
 
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker  # noqa: E402
@@ -89,8 +88,8 @@ COLUMNS = dict(params=('Sharded Param', 'Parameter'), grads=('Sharded Grad', 'Gr
 
 
 def load(path):
-    # as plan.py's main: the config file over GPTConfig's defaults
-    defaults = {f.name: f.default for f in fields(GPTConfig)} | dict(batch_size=1)
+    # as plan.py's main: the config file over train.py's defaults
+    defaults = {k: v for k, v in defaults_of(plan.TRAIN).items() if k in plan.KNOBS}
     config = configure(defaults, [path], strict_files=False)
     return config_from(config), config['batch_size']
 
@@ -136,7 +135,7 @@ def track(cfg, strategy, micro_batch, accum, mesh):
             for p in params:
                 views.append(buckets[i:i + p.numel()].view(p.shape))
                 i += p.numel()
-        optimizer = network.make_optimizer(model.parameters())
+        optimizer, = network.make_optimizer(model, costs.train_knobs())  # (AdamW: one)
         # AdamW's state, as at every step but the first: one step on zero gradients before the
         # tracker starts (it counts the state it finds). DDP's gradients: views of the buckets.
         for i, p in enumerate(model.parameters()):

@@ -14,7 +14,6 @@ bench/gpu_check.py calls measure() directly.
 """
 import contextlib
 import datetime
-import json
 import os
 import platform
 import signal
@@ -27,6 +26,8 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from hetgpt.metrics import read_rows  # noqa: E402
 
 
 def measure(train_args, steps=10, warmup=3, nproc=1, timeout=None, log_path=None):
@@ -68,8 +69,7 @@ def measure(train_args, steps=10, warmup=3, nproc=1, timeout=None, log_path=None
         if log_path:
             with open(log_path, 'w') as f:
                 f.write(' '.join(cmd) + '\n' + out + '\n--- stderr\n' + err)
-        metrics = os.path.join(work, 'out', 'metrics.jsonl')
-        rows = [json.loads(line) for line in open(metrics)] if os.path.exists(metrics) else []
+        rows = read_rows(os.path.join(work, 'out', 'metrics.jsonl'))
     wall = time.time() - t0
     plan = next((r for r in rows if 'plan' in r), {})
     steps_rows = [r for r in rows if 'tokens_per_sec' in r and r['iter'] > warmup]

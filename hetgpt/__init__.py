@@ -4,12 +4,13 @@ one idea per module, none of them importing train.py.
 
   planner     the plan: strategy, micro-batches and split per rank (plan.py is its command line)
   costs       bytes, FLOPs and optimizer state, measured from model.py as built
+  shape       the model's shape: its rules, and the one check (configs and checkpoints)
   hardware    the GPU table, the devices at hand and their memory
   balance     the uneven split of the batch, and the timing that rebalances it
   ckpt        checkpoints: save, load, and the one reader of a checkpoint's bytes
   hf          GPT-2 weights from and to Hugging Face
   tokenizer   the GPT-2 BPE from the files kept in the repository
-  tokens      the token files, checked as untrusted input
+  corpus      the token files, checked as untrusted input
   rundir      one run per out_dir: the lock and the claim
   metrics     metrics.jsonl: written by rank 0, read by plot.py, bench/ and tests
   signals     stop signals while training: checkpoint, then stop

@@ -19,7 +19,6 @@ import re
 import shutil
 import types
 import warnings
-from dataclasses import fields
 
 import torch
 import torch.distributed as dist
@@ -29,8 +28,9 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from hetgpt import shape
 from hetgpt.errors import die, oneline
-from model import GPT, GPTConfig, config_from
+from model import GPT, config_from
 
 # Every global DCP's metadata pickle names, exactly: a name is never walked through attributes
 # ('os.system' reached from an allowed module), and nothing else in these modules is reachable.
@@ -207,20 +207,9 @@ def read_meta(path):
     name = os.path.basename(os.path.normpath(path))  # sample.py may read a renamed copy
     if re.fullmatch(r'ckpt_\d{8}', name) and name != f"ckpt_{meta['iter']:08d}":
         raise ValueError(f"hetgpt.json has iter {meta['iter']}, not the directory's")
-    args = meta['model_args']
-    for field in fields(GPTConfig):
-        want, value = type(field.default), args.get(field.name)
-        if field.name not in args:
-            if want is float:  # dropout, init_std: no part of the weights' shapes
-                continue
-            raise ValueError(f"model_args has no {field.name}")
-        ok = isinstance(value, (int, float) if want is float else want)
-        if not ok or (want is not bool and isinstance(value, bool)):
-            raise ValueError(f"model_args {field.name}={value!r} is not {want.__name__}")
-        if want is int and value < 1:
-            raise ValueError(f"model_args {field.name}={value} is not positive")
-    if args['n_embd'] % args['n_head']:
-        raise ValueError(f"model_args n_embd={args['n_embd']} is not divisible by its n_head")
+    bad = shape.fault(meta['model_args'])  # (the check of a config's shape too)
+    if bad:
+        raise ValueError(f"model_args {bad}")
     return meta
 
 

@@ -1,5 +1,6 @@
 """
-The token files: opened and checked as untrusted input, once per file and per batch.
+The token files: opened and checked as untrusted input, once per file and per batch, and the
+batches train.py reads from them.
 """
 import hashlib
 import json
@@ -7,11 +8,42 @@ import os
 import pickle
 
 import numpy as np
+import torch
 
 from hetgpt.errors import die
 
 
-# data: a flat uint16 token file, checked as untrusted input
+class Batches:
+    # data/<dataset>/{train,val}.bin: a flat uint16 token file per split. The sequences of the
+    # global batch at step k are a fixed function of (seed, k), whatever the world size, split or
+    # micro-batching: resume and uneven splits are exact because every rank agrees on the batch
+    # and takes its own slice.
+    def __init__(self, dataset, block_size, vocab_size, seed, device):
+        self.paths = {s: os.path.join('data', dataset, f'{s}.bin') for s in ('train', 'val')}
+        self.tokens = {s: open_tokens(p, block_size, vocab_size, dataset)
+                       for s, p in self.paths.items()}
+        self.block_size, self.vocab_size, self.seed = block_size, vocab_size, seed
+        self.device = device
+
+    def offsets(self, split, step, n):  # step -1: a fixed set
+        seed = [self.seed, step + 1, 0 if split == 'train' else 1]
+        high = len(self.tokens[split]) - self.block_size
+        return np.random.default_rng(seed).integers(0, high, size=n)
+
+    def get(self, split, offsets):
+        # (x, y): the windows of block_size + 1 tokens at offsets, each id checked below
+        # vocab_size (a change to the file that the start-up check's sampled cache missed: one
+        # line, before a step uses it)
+        windows = np.stack([self.tokens[split][i:i + self.block_size + 1] for i in offsets])
+        check_batch(self.paths[split], windows, offsets, self.vocab_size)
+        x = torch.from_numpy(windows[:, :-1].astype(np.int64))
+        y = torch.from_numpy(windows[:, 1:].astype(np.int64))
+        if self.device.startswith('cuda'):  # from pinned memory the copy is asynchronous
+            return tuple(t.pin_memory().to(self.device, non_blocking=True) for t in (x, y))
+        return x, y
+
+
+# A flat uint16 token file, checked as untrusted input
 class PlainUnpickler(pickle.Unpickler):
     def find_class(self, module, name):  # dicts, strings and numbers only: no code can run
         raise pickle.UnpicklingError(f"it refers to {module}.{name}")

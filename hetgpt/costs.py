@@ -7,8 +7,10 @@ to model.py (another MLP, attention, positions, normalisation or optimizer) is p
 is. No memory is allocated; results are cached by shape, so a 175B config is measured in seconds.
 """
 import functools
+import inspect
 import itertools
 import math
+import os
 import weakref
 from dataclasses import replace
 
@@ -17,6 +19,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from configurator import defaults_of
 import model as network  # looked up at call time: a test may swap in a variant of a module
 from hetgpt.errors import die, oneline
 from model import GPTConfig, config_from
@@ -89,7 +92,7 @@ def saved_bytes(config_items, param_dtype, autocast_dtype):
     # float32 weights under autocast (DDP); 16-bit weights (FSDP2's param_dtype). Saved bytes are
     # affine in the micro-batch: per sequence, and fixed (autocast's 16-bit weight copies, the
     # loss's float32 weight gradient). Also the bytes of a block's input per sequence, which is
-    # what per-block checkpointing keeps. No memory is allocated; cached by shape.
+    # what ac (per-block activation checkpointing) keeps. No memory is allocated; cached by shape.
     from torch._subclasses.fake_tensor import FakeTensorMode
     cfg = GPTConfig(**dict(config_items))
     s, h = cfg.block_size, cfg.n_embd
@@ -138,7 +141,7 @@ def backward_bytes(config_items, param_dtype, autocast_dtype):
     # The working set of one block's backward, which saved bytes do not show: the live bytes while
     # it runs (the incoming gradient, the gradients of the wide intermediates beside the saved
     # tensors not yet freed, a weight gradient before it is added to its .grad) above the saved
-    # bytes it starts from; plain, and checkpointed as train.py applies it (its recompute
+    # bytes it starts from; plain, and under ac as hetgpt/parallel.py applies it (its recompute
     # included). Measured on fake tensors under the dtype policy of saved_bytes, after each op,
     # for micro-batches of 1 and 2: each op's bytes are affine in the micro-batch, and which op
     # peaks depends on it (a fixed weight gradient at 1 sequence, an activation's at 8), so this
@@ -157,7 +160,7 @@ def backward_bytes(config_items, param_dtype, autocast_dtype):
         stream = param_dtype if autocast_dtype is None else torch.float32
         for (name, run), b in itertools.product(runs.items(), (1, 2)):
             x = torch.empty(b, cfg.block_size, cfg.n_embd, dtype=stream, requires_grad=True)
-            # (x is the block input that the layer below made and checkpointing keeps; the output
+            # (x is the block input that the layer below made and ac keeps; the output
             # is the next block's input: both counted elsewhere.) train.py's autocast: no cache.
             mine = [x] + [t for p in block.parameters() for t in (p, p.grad)]
             live = _LiveBytes({StorageWeakRef(t.untyped_storage()) for t in mine})
@@ -203,6 +206,12 @@ def activation_bytes(model_config, strategy, dtype):
                 backward=_measured(backward_bytes, items, *policy))
 
 
+def train_knobs():
+    # train.py's knobs as written there (not run): make_optimizer's config here, whose values do
+    # not change the size of the state
+    return defaults_of(os.path.join(os.path.dirname(os.path.dirname(__file__)), 'train.py'))
+
+
 @functools.lru_cache(maxsize=None)
 def optimizer_state_bytes():
     # Optimizer state per parameter (AdamW: 8), measured: one training step with
@@ -210,11 +219,12 @@ def optimizer_state_bytes():
     # AdamW's step count are left out. (The step also loads what any step loads: torch's lazily
     # imported modules, autograd's and the kernels' first buffers.)
     net = network.GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=8, vocab_size=64), 0)
-    optimizer = network.make_optimizer(net.parameters())
+    optimizers = network.make_optimizer(net, train_knobs())
     idx = torch.arange(16).view(2, 8) % 64
     net(idx, idx)[1].backward()
-    optimizer.step()
-    state = [t for st in optimizer.state.values() for t in st.values()
+    for opt in optimizers:
+        opt.step()
+    state = [t for opt in optimizers for st in opt.state.values() for t in st.values()
              if torch.is_tensor(t) and t.numel() > 1]
     return _storage_bytes(state, set()) / sum(p.numel() for p in net.parameters())
 
@@ -223,23 +233,33 @@ def optimizer_state_bytes():
 def optimizer_updates_shards_alone():
     # FSDP2 steps each rank's dim-0 shard of a matrix on its own. An elementwise optimizer (AdamW,
     # SGD, Lion) updates the halves of a matrix as it updates the whole; one whose update needs the
-    # whole matrix (Muon's orthogonalisation) does not, and cannot run sharded.
-    torch.manual_seed(0)
-    whole = torch.nn.Parameter(torch.randn(8, 6))
-    halves = [torch.nn.Parameter(half.clone()) for half in whole.detach().split(4)]
-    grad = torch.randn(8, 6)
-    for params, grads in (([whole], [grad]), (halves, grad.split(4))):
-        optimizer = network.make_optimizer(params)
-        for p, g in zip(params, grads):
-            p.grad = g.clone()
-        optimizer.step()
-    return torch.allclose(whole.detach(), torch.cat([h.detach() for h in halves]), atol=1e-6)
+    # whole matrix (Muon's orthogonalisation) does not, and cannot run sharded. Each optimizer that
+    # model.make_optimizer gives a matrix, with its group's settings, on a whole and on halves.
+    net = network.GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=8, vocab_size=64), 0)
+    for opt in network.make_optimizer(net, train_knobs()):
+        takes = inspect.signature(type(opt)).parameters
+        for group in opt.param_groups:
+            if not any(p.dim() == 2 for p in group['params']):
+                continue
+            settings = {k: v for k, v in group.items() if k in takes and k != 'params'}
+            torch.manual_seed(0)
+            whole = torch.nn.Parameter(torch.randn(8, 6))
+            halves = [torch.nn.Parameter(h.clone()) for h in whole.detach().split(4)]
+            grad = torch.randn(8, 6)
+            for params, grads in (([whole], [grad]), (halves, grad.split(4))):
+                for p, g in zip(params, grads):
+                    p.grad = g.clone()
+                type(opt)(params, **settings).step()
+            if not torch.allclose(whole.detach(), torch.cat([h.detach() for h in halves]),
+                                  atol=1e-6):
+                return False
+    return True
 
 
 @functools.lru_cache(maxsize=None)
 def model_flops(config_items):
     # Training FLOPs of one sequence, counted (FlopCounterMode) on fake tensors: one block forward
-    # and backward, plain and under the checkpointing train.py applies (whose recompute stops
+    # and backward, plain and under ac as hetgpt/parallel.py applies it (whose recompute stops
     # short of the block's last matmul), and the rest (embeddings, ln_f, the loss's matmuls).
     # Attention runs as SDPA's math kernel here, which the counter sees: its full s×s products,
     # PaLM's 12·h·s per token and layer (the fused kernels of the CPU and GPU skip the masked

@@ -17,6 +17,12 @@ from hetgpt.ckpt import lost_peer, why
 from hetgpt.errors import say
 
 
+def gather(obj):  # every rank's obj, in rank order
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
 # The process group. Every run has one, one rank or many, so that train.py has one path.
 def start_group(backend, rank, world_size, stall_timeout):
     store = None

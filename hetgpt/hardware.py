@@ -239,7 +239,7 @@ def outside_allocator():
 
 # The default process group's backend, by the device type train.py runs on. Under CUDA one group has
 # a backend per device type: NCCL serves only CUDA tensors, and train.py also reduces host tensors
-# (flags, counts, the peak FLOPS; gradients under CPU offload), which go through gloo.
+# (flags, counts; gradients under CPU offload), which go through gloo.
 BACKENDS = {'cuda': 'cpu:gloo,cuda:nccl', 'cpu': 'gloo'}
 
 

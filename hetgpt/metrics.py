@@ -10,15 +10,17 @@ from hetgpt.errors import say
 
 # metrics.jsonl: a row per log line and eval. A kill or a full disk can tear the last line.
 def read_rows(path):
+    # The rows of path, in order (none if it is not there); raises OSError if it can't be read.
     rows = []
     if os.path.exists(path):
-        for line in open(path, errors='replace'):
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue  # a torn line
-            if isinstance(row, dict) and isinstance(row.get('iter'), int):
-                rows.append(row)
+        with open(path, encoding='utf-8', errors='replace') as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue  # a torn line
+                if isinstance(row, dict) and type(row.get('iter')) is int:
+                    rows.append(row)
     return rows
 
 
@@ -76,3 +78,12 @@ class Metrics:
     def finish(self):
         if self.wandb:
             self.wandb.finish()
+
+
+def line(row, eta):
+    # A training row as the log line a user reads; eta in seconds
+    mfu = 'n/a' if row['mfu'] is None else f"{100 * row['mfu']:.1f}%"
+    return (f"iter {row['iter']}: loss {row['loss']:.4f}, lr {row['lr']:.2e}, "
+            f"grad norm {row['grad_norm']:.3g}, {row['tokens_per_sec']:,.0f} tok/s, "
+            f"mfu {mfu}, mem {row['mem_gib']:.2f} GiB, "
+            f"eta {int(eta // 3600)}h{int(eta % 3600 // 60):02d}m")

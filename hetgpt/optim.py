@@ -1,12 +1,55 @@
 """
-The optimizer step: updates skipped for a non-finite loss or gradient, and counted.
+The optimizer step, for the list of optimizers model.make_optimizer builds: gradients unscaled
+and clipped, the update skipped when they are not finite, and such steps counted; and the
+probe's steps that leave the weights as they are.
 """
-
+from contextlib import contextmanager
 
 import torch
 
 from hetgpt.ckpt import checkpoints
 from hetgpt.errors import die
+
+
+def step(model, optimizers, scaler, grad_clip):
+    # One update from the accumulated gradients. Returns the gradient norm before clipping (a
+    # tensor, not read here) and whether the update was skipped (a tensor too).
+    for opt in optimizers:
+        scaler.unscale_(opt)
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or float('inf'))
+    norm = norm.full_tensor() if hasattr(norm, 'full_tensor') else norm  # FSDP: a DTensor
+    bad = ~torch.isfinite(norm)  # a non-finite loss or gradient: no update (the batch is lost)
+    for opt in optimizers:
+        if opt.defaults.get('fused'):  # the kernel skips it itself: the host does not wait
+            opt.found_inf = bad.float()
+            scaler.step(opt)
+        elif not bad:  # (one scalar to the host per step)
+            scaler.step(opt)
+    scaler.update()
+    for opt in optimizers:
+        opt.zero_grad(set_to_none=True)
+    return norm, bad
+
+
+def param_groups(optimizers):
+    return [g for opt in optimizers for g in opt.param_groups]
+
+
+@contextmanager
+def frozen(optimizers):
+    # Steps at lr 0 (with zero gradients, train.py's probe: the weights stay as they are); after
+    # them each group's lr is back and the state they made is dropped.
+    lrs = [g['lr'] for g in param_groups(optimizers)]
+    for g in param_groups(optimizers):
+        g['lr'] = 0.0
+    try:
+        yield
+    finally:
+        for g, lr in zip(param_groups(optimizers), lrs):
+            g['lr'] = lr
+        for opt in optimizers:
+            opt.zero_grad(set_to_none=True)
+            opt.state.clear()
 
 
 # Updates skipped for a non-finite loss or gradient (the batch is not seen again). Counted on the

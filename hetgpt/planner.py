@@ -50,21 +50,13 @@ def flags(strategy):
                 reshard_after_forward=shard and strategy != 'fsdp-noreshard')
 
 
-# The model's shape and the batch: what plan.py reads from a config, checked as train.py checks them
-# (train.py's RULES takes these: one table). The upper bounds are far beyond any real run, so that
-# only a slip (an extra zero, 10**9 for 10**3, a product of two large knobs) meets them: 175B
-# models are 96 × 12288, the largest trained widths about 25,000; contexts reach 1-10M tokens,
-# vocabularies 1M. The global batch, MAX_BATCH = 2**24 = 16.8M sequences, is 16 times a 1M-token
-# batch at one token per sequence (GPT-3 175B: 1,536 × 2,048 tokens; Llama 3 405B: 16M tokens in
-# 2,048 sequences), and the bound of the planner's work: its splits of a batch above balance.EXACT
-# take time that does not grow with the batch, but train.py iterates over the micro-batches of
-# each step, and the plan lists them (one int each, per rank; at most MAX_BATCH in all).
+# The largest global batch, MAX_BATCH = 2**24 = 16.8M sequences (train.py's RULES bound the batch
+# knobs by it): 16 times a 1M-token batch at one token per sequence (GPT-3 175B: 1,536 × 2,048
+# tokens; Llama 3 405B: 16M tokens in 2,048 sequences), and the bound of the planner's work: its
+# splits of a batch above balance.EXACT take time that does not grow with the batch, but train.py
+# iterates over the micro-batches of each step, and the plan lists them (one int each, per rank;
+# at most MAX_BATCH in all).
 MAX_BATCH = 2**24
-SHAPE_RULES = {
-    'n_layer': '[1, 100000]', 'n_head': '[1, 1048576]', 'n_embd': '[1, 1048576]',
-    'block_size': '[1, 16777216]', 'vocab_size': '[1, 16777216]', 'dropout': '[0, 1)',
-    'bias': '', 'init_std': '> 0', 'batch_size': '[1, 16777216]',
-    'gradient_accumulation_steps': '[0, 16777216]', 'micro_batch_size': '[0, 16777216]'}
 
 
 # -----------------------------------------------------------------------------
@@ -112,10 +104,10 @@ def estimate(model_config, strategy, micro_batch, world_size, dtype='bfloat16', 
     tokens = b * s
     logits = max(min(rows, tokens) * V * (cb + 12) + min(group, tokens) * V * cb, 4 * V * h)
     # Activations: what autograd saves, measured per sequence (saved_bytes), kept by every block
-    # (under per-block checkpointing: each block's input), and at the peak either the loss's
+    # (under ac: each block's input), and at the peak either the loss's
     # working set with the rest's saved bytes, or later the working set of the top block's
     # backward (backward_bytes: beside its saved tensors, or all of them recomputed under
-    # checkpointing, the gradients of its wide intermediates) with the one saved tensor of the
+    # ac, the gradients of its wide intermediates) with the one saved tensor of the
     # loss that outlives its backward: its float32 gradient of the head, now the tied weight's.
     kept = L * b * (a['block_input'] if f['ac'] else a['block'])
     backward = max(b * per + fixed for per, fixed in a['backward']['ac' if f['ac'] else 'plain'])
@@ -192,6 +184,16 @@ class Plan:
         x = self.ranks[r]
         outside = x['overhead'] if overhead is None else overhead
         return x['mem'] * x['fraction'] - (outside if x['device'] == 'cuda' else 0)
+
+    def record(self, probed):
+        # rank 0's plan against its probe step (probe.probe's peak): metrics.jsonl's first row
+        gib = lambda n: (n or 0) / GiB
+        return {'plan': self.strategy, 'ac': self.ac[0], 'micro_batch': self.micro_batch[0],
+                'pred_gib': gib(self.predicted[0]['total']),
+                'pred_host_gib': gib(self.predicted[0]['host_rank']),
+                'pred_tokens_per_sec': self.tokens_per_sec, 'probe_gib': gib(probed['total']),
+                'probe_alloc_gib': gib(probed['alloc'] or probed['total']),
+                'overhead_gib': gib(probed['overhead'])}
 
     def table(self, measured=None):
         g = lambda x: '-' if x is None else f"{x / GiB:.1f}"

@@ -5,8 +5,9 @@ import atexit
 import json
 import os
 import socket
+import sys
 
-from hetgpt.ckpt import checkpoints
+from hetgpt.ckpt import checkpoints, damaged, read_meta
 from hetgpt.errors import die
 
 
@@ -68,10 +69,12 @@ def lock(out_dir):
     die(f"cannot take the lock {path}: another run keeps taking it; use another out_dir")
 
 
-def claim(out_dir, rank, init_from):
+def claim(config, rank):
     # out_dir for this run: writable now (not at the first checkpoint an hour from here), locked,
     # and not another run's: a new run over its checkpoints would lose its metrics and prune them.
-    # Returns the checkpoints found there.
+    # Returns the checkpoint to resume from (None: a new run) and its hetgpt.json, checked before
+    # anything starts.
+    out_dir, init_from = config['out_dir'], config['init_from']
     try:
         os.makedirs(out_dir, exist_ok=True)
         probe = os.path.join(out_dir, f'.write_test_{rank}')
@@ -87,7 +90,23 @@ def claim(out_dir, rank, init_from):
             f"init_from=auto to go on from it, or another out_dir")
     if init_from == 'resume' and not found:
         die(f"init_from=resume but {out_dir} has no checkpoint; train first or use init_from=auto")
-    return found
+    if not found or init_from not in ('resume', 'auto'):
+        return None, {}
+    path = found[-1]
+    try:  # (ckpt.load reads it again)
+        saved = read_meta(path)
+    except (OSError, ValueError) as e:
+        damaged(path, e)
+    dataset, was = config['dataset'], saved.get('config', {}).get('dataset', config['dataset'])
+    if was != dataset and not config['new_dataset']:
+        die(f"{path} was trained on dataset={was!r}, not {dataset!r}: new_dataset=True to go on "
+            f"with {dataset!r}, or dataset={was!r}")
+    if saved.get('iter', 0) >= config['max_iters'] and not config['eval_only']:
+        if rank == 0:
+            print(f"{path} is at iter {saved['iter']}, max_iters={config['max_iters']}: nothing "
+                  f"to train; raise max_iters to go on", flush=True)
+        sys.exit(0)
+    return path, saved
 
 
 def _unlock(path, me):

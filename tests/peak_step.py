@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hetgpt import hardware  # noqa: E402
 import model  # noqa: E402
-from hetgpt import planner  # noqa: E402
+from hetgpt import costs, planner  # noqa: E402
 from test_plan_measured import VARIANTS  # noqa: E402
 
 if not hardware.return_freed_host_memory():
@@ -45,8 +45,9 @@ def build(config):
 def step(net, optimizer, idx):
     net(idx, idx, reduction='sum')[1].backward()
     torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    for opt in optimizer:
+        opt.step()
+        opt.zero_grad(set_to_none=True)
 
 
 predicted = planner.estimate(cfg, strategy, b, 1, dtype='float32', device='cpu', overhead=0,
@@ -54,12 +55,12 @@ predicted = planner.estimate(cfg, strategy, b, 1, dtype='float32', device='cpu',
 torch.manual_seed(0)
 idx = torch.randint(0, cfg.vocab_size, (b, cfg.block_size))
 tiny = build(model.GPTConfig(n_layer=1, n_head=4, n_embd=32, block_size=256, vocab_size=8192))
-step(tiny, model.make_optimizer(tiny.parameters()), idx[:1])  # the kernels' own first allocations
+step(tiny, model.make_optimizer(tiny, costs.train_knobs()), idx[:1])  # the kernels' own first allocations
 del tiny
 base = status('VmRSS')
 open('/proc/self/clear_refs', 'w').write('5')  # resets the peak (VmHWM) to the current RSS
 net = build(cfg)
-optimizer = model.make_optimizer(net.parameters())
+optimizer = model.make_optimizer(net, costs.train_knobs())
 for _ in range(2):  # the second step holds the optimizer state the first one made
     step(net, optimizer, idx)
 print(json.dumps({'predicted': predicted, 'measured': status('VmHWM') - base}))

@@ -13,10 +13,11 @@ import sys
 
 import pytest
 
+import trainer
 from trainer import ROOT, TINY, run_train
 from hetgpt import balance
 import configurator
-from hetgpt import planner
+from hetgpt import planner, shape
 import plan
 
 PLAN = [sys.executable, os.path.join(ROOT, 'plan.py')]
@@ -27,10 +28,9 @@ BOUNDED = {'gradient_accumulation_steps', 'batch_size', 'micro_batch_size', 'max
 
 
 def one_error_line(p, knob):
-    lines = p.stderr.strip().splitlines()
-    assert p.returncode == 2, (p.returncode, p.stdout[-2000:], p.stderr[-2000:])
-    assert len(lines) == 1 and lines[0].startswith('error: ') and knob in lines[0], p.stderr
-    return lines[0]
+    line = trainer.one_error_line(p)  # exit 2, one line, no traceback
+    assert knob in line, line
+    return line
 
 
 def nanogpt_config(tmp_path, steps='10**9'):
@@ -56,6 +56,7 @@ def test_train_refuses_a_billion_accumulation_steps_before_any_work(tmp_path):
 
 LARGEST = f"""
 import json, runpy, sys
+import plan
 from hetgpt import planner
 from model import config_from
 out = []
@@ -108,7 +109,7 @@ def train_rules():
     tree = ast.parse(open(os.path.join(ROOT, 'train.py')).read())
     node = next(n for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == 'RULES')
     return eval(compile(ast.Expression(node.value), 'train.py', 'eval'),
-                {'re': re, 'planner': planner})
+                {'re': re, 'planner': planner, 'shape': shape})
 
 
 def train_defaults():
@@ -121,7 +122,7 @@ def train_defaults():
 
 def test_plan_and_train_check_the_shape_and_batch_from_one_table(capsys):
     rules = train_rules()
-    assert {k: rules[k] for k in planner.SHAPE_RULES} == planner.SHAPE_RULES
+    assert {k: rules[k] for k in shape.RULES} == shape.RULES
     for arg in ('--n_layer=100001', '--vocab_size=16777217', '--batch_size=16777217'):
         with pytest.raises(SystemExit) as e:
             plan.main(['configs/gpt_tiny.py', arg])

@@ -97,6 +97,7 @@ sys.path.insert(0, {ROOT!r})
 import torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict
 from model import GPT, config_from, make_optimizer
+from hetgpt.costs import train_knobs
 warnings.simplefilter('ignore')
 dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)
 read = {{}}
@@ -104,7 +105,7 @@ for name, path in zip(sys.argv[1::2], sys.argv[2::2]):
     os.makedirs(name)
     os.chdir(name)
     model = GPT(config_from(json.load(open(os.path.join(path, 'hetgpt.json')))['model_args']))
-    model_sd, optim_sd = get_state_dict(model, make_optimizer(model.parameters()))
+    model_sd, optim_sd = get_state_dict(model, make_optimizer(model, train_knobs()))
     try:
         dcp.load({{'model': model_sd, 'optim': optim_sd}}, checkpoint_id=path)
         read[name] = model.transformer.wpe.weight.sum().item()

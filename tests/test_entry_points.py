@@ -18,15 +18,7 @@ import time
 import pytest
 
 from make_ckpt import make_checkpoint
-from trainer import ROOT, TINY, make_dataset, train_command
-
-
-def mistake(r):
-    assert r.returncode == 2, (r.returncode, r.stderr[-3000:])
-    lines = r.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith('error: '), r.stderr
-    assert 'Traceback' not in r.stderr
-    return lines[0]
+from trainer import ROOT, TINY, make_dataset, one_error_line, train_command
 
 
 def no_hub(tmp_path, how):
@@ -52,7 +44,7 @@ def test_gpt2_offline_fails_fast_in_one_line(tmp_path, script, how):
     r = subprocess.run(cmd + ['--init_from=gpt2', f'--out_dir={out}'], cwd=tmp_path,
                        env=no_hub(tmp_path, how), capture_output=True, text=True, timeout=120)
     elapsed = time.time() - t
-    line = mistake(r)
+    line = one_error_line(r)
     assert elapsed < 20, f"{elapsed:.0f} s: retried the hub"
     assert line.startswith('error: cannot load gpt2 from the Hugging Face hub (offline: ')
     assert ('HF_HUB_OFFLINE' if how == 'HF_HUB_OFFLINE' else '127.0.0.1:9') in line
@@ -77,7 +69,7 @@ def test_without_transformers_gpt2_and_export_say_what_to_install(tmp_path, scri
         out = tmp_path / ('out' if script == 'sample.py' else 'fresh')
         r = subprocess.run(cmd + [how, f'--out_dir={out}'], cwd=tmp_path, env=env,
                            capture_output=True, text=True, timeout=120)
-        line = mistake(r)
+        line = one_error_line(r)
         assert 'needs transformers' in line and 'requirements-dev.txt' in line, line
 
 
@@ -113,7 +105,7 @@ def test_plot_into_a_folder_that_may_not_be_written(nobody, locked):
     os.chmod(run, 0o555)
     r = subprocess.run(nobody + [sys.executable, 'plot.py', run], cwd=ROOT, capture_output=True,
                        text=True, timeout=60)
-    assert 'not writable' in mistake(r)
+    assert 'not writable' in one_error_line(r)
     assert os.listdir(run) == ['metrics.jsonl']
 
 
@@ -124,7 +116,7 @@ def test_prepare_into_a_folder_that_may_not_be_written(nobody, locked):
     cmd = [sys.executable, os.path.join(ROOT, 'data', 'prepare.py'), '--input', 'notes.txt',
            '--out_dir', locked]
     r = subprocess.run(nobody + cmd, cwd=locked, capture_output=True, text=True, timeout=60)
-    assert 'not a writable directory' in mistake(r)
+    assert 'not a writable directory' in one_error_line(r)
     assert os.listdir(locked) == ['notes.txt']
 
 
@@ -132,7 +124,7 @@ def test_export_into_a_folder_that_may_not_be_written(nobody, locked):
     os.chmod(locked, 0o555)
     r = subprocess.run(nobody + [sys.executable, 'sample.py', f'--export_hf={locked}/hf'],
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert 'not a writable directory' in mistake(r)
+    assert 'not a writable directory' in one_error_line(r)
     assert os.listdir(locked) == []
 
 

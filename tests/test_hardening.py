@@ -16,10 +16,10 @@ import time
 import numpy as np
 import pytest
 
-from trainer import (ROOT, TINY, latest_checkpoint, make_dataset, one_error_line, run_train, snapshot,
-                     train_command)
+from trainer import (ROOT, TINY, latest_checkpoint, make_dataset, one_error_line, run_here, run_train,
+                     snapshot, train_command)
 import configurator
-from hetgpt import planner
+from hetgpt import planner, shape
 
 RUN = TINY + ['--batch_size=4', '--eval_interval=100']
 TEN = RUN + ['--max_iters=10', '--checkpoint_interval=1', '--keep_last=2']  # ckpt 9 and 10 kept
@@ -72,7 +72,7 @@ def test_each_gadget_is_live_under_plain_pickle(tmp_path, name):
 
 @pytest.mark.parametrize('entry', ['train', 'sample'])
 @pytest.mark.parametrize('name', sorted(GADGETS))
-def test_tampered_metadata_runs_nothing(work, tmp_path, entry, name):
+def test_tampered_metadata_runs_nothing(work, tmp_path, entry, name, monkeypatch, capfd):
     out = tmp_path / 'run'
     shutil.copytree(work / 'ten', out)
     ckpt = latest_checkpoint(out)
@@ -81,9 +81,10 @@ def test_tampered_metadata_runs_nothing(work, tmp_path, entry, name):
     shutil.copytree(work / 'data', tmp_path / 'data')
     if entry == 'train':
         cmd = train_command() + RUN + ['--max_iters=12', f'--out_dir={out}', '--init_from=resume']
-    else:
-        cmd = [sys.executable, os.path.join(ROOT, 'sample.py'), f'--out_dir={out}', '--max_new_tokens=2']
-    p = subprocess.run(cmd, cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=300)
+        p = subprocess.run(cmd, cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=300)
+    else:  # in this process (sample.py's damaged checkpoints as processes: test_sample), in tmp_path
+        monkeypatch.chdir(tmp_path)
+        p = run_here(monkeypatch, capfd, 'sample.py', f'--out_dir={out}', '--max_new_tokens=2')
     time.sleep(0.5)  # a spawned command would have had time to run
     assert 'damaged' in one_error_line(p) and 'not allowed' in p.stderr
     assert not (tmp_path / 'PWNED').exists()
@@ -233,7 +234,7 @@ def train_knobs():
             name = node.targets[0].id
             if name == 'RULES':  # (the plan rule is built from plan.STRATEGIES, the one list)
                 rules = eval(compile(ast.Expression(node.value), 'train.py', 'eval'),
-                             {'re': re, 'planner': planner})
+                             {'re': re, 'planner': planner, 'shape': shape})
             elif isinstance(node.value, ast.Constant) and configurator.is_knob(name, node.value.value):
                 defaults[name] = node.value.value
             elif name == 'config':

@@ -99,7 +99,7 @@ def test_train_help_keeps_the_files_groups_and_known_comments():
     shown = knobs_in_help(run('train.py', '--help').stdout)
     assert [shown[k][2].split(':')[0] for k in ('out_dir', 'n_layer', 'batch_size', 'device')] == \
         ['I/O', 'model', 'optimizer', 'system']
-    assert shown['batch_size'][:2] == ('32', 'sequences per optimizer step, all ranks together')
+    assert shown['batch_size'][:2] == ('32', 'sequences per step, all ranks together')
     assert shown['grad_clip'][:2] == ('1.0', '0 disables clipping')
     assert shown['learning_rate'][:2] == ('6e-4', '')  # as written in the file
     # a comment line that goes on from the knob above belongs to it (sample.py's init_from)

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from trainer import (ROOT, TINY, latest_checkpoint, load_params, make_dataset, max_rel_diff, metrics,
-                     run_train)
+                     one_error_line, run_train)
 
 # Longer sequences than TINY's, so that activations, not the process, decide what fits in a few
 # hundred MiB: 6 layers × 64 wide × 1024 tokens, float32.
@@ -119,11 +119,23 @@ def test_a_machine_leaves_then_another_joins_and_the_run_is_the_same_run(tmp_pat
 
 
 @pytest.mark.parametrize('stated', ['abc', '0', '-1', 'inf', '4,'])
-def test_a_bad_stated_memory_is_one_line(work, stated):
-    p = run_train(work, *WIDE, '--out_dir=bad_mem', check=False, env={'HETGPT_MEM_GIB': stated})
-    assert p.returncode == 2 and p.stderr.strip().count('\n') == 0, p.stderr
-    assert p.stderr.startswith(f'error: HETGPT_MEM_GIB={stated}: give GiB > 0')
-    assert not (work / 'bad_mem' / 'metrics.jsonl').exists()
+def test_a_bad_stated_memory_is_one_line(monkeypatch, capsys, stated):
+    # the variable's one reader, as train.py calls it for a CPU rank (local rank 0), here; end to
+    # end: the test below
+    from hetgpt import hardware
+    monkeypatch.setenv('HETGPT_MEM_GIB', stated)
+    with pytest.raises(SystemExit) as e:
+        hardware.stated_memory(0, 'cpu')
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and not out and err.splitlines() == [err.strip()], err
+    assert err.startswith(f'error: HETGPT_MEM_GIB={stated}: give GiB > 0'), err
+
+
+def test_a_bad_stated_memory_ends_train_py_in_one_line_before_any_step(tmp_path):
+    make_dataset(tmp_path)
+    p = run_train(tmp_path, *WIDE, '--out_dir=bad_mem', check=False, env={'HETGPT_MEM_GIB': '4,'})
+    assert one_error_line(p).startswith('error: HETGPT_MEM_GIB=4,: give GiB > 0')
+    assert not (tmp_path / 'bad_mem' / 'metrics.jsonl').exists()
 
 
 def test_a_machine_of_another_run_that_joins_leaves_and_the_run_goes_on(tmp_path):

@@ -1,6 +1,6 @@
 """
 model.py on tiny random models, CPU, float32: generation with and without the KV cache, the HF
-GPT-2 import, the FLOPs count, the init and the tied embeddings.
+GPT-2 import, the parameter count, the init and the tied embeddings.
 """
 import math
 
@@ -81,7 +81,7 @@ def test_from_hf_logits_equal():
 
 
 def count_params(c):
-    # by hand, the non-embedding count MFU uses: everything but wpe (the tied wte does matmul work)
+    # by hand, num_params()'s non-embedding count: everything but wpe (the tied wte does matmul work)
     C, b = c.n_embd, int(c.bias)
     ln = C * (1 + b)
     block = ln + (3 * C * C + b * 3 * C) + (C * C + b * C) + ln + (4 * C * C + b * 4 * C) + (4 * C * C + b * C)

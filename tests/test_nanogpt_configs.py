@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from trainer import ROOT, metrics, run_train
+from trainer import ROOT, metrics, one_error_line, run_train
 
 # (key, Python source of the value), in the order the files set them
 SHAKESPEARE_CHAR = [
@@ -184,9 +184,8 @@ def test_finetune_shakespeare_without_the_weights_stops_in_one_line(work, tmp_pa
     cfg = write_config(root / 'finetune_shakespeare.py', FINETUNE_SHAKESPEARE, 'import time\n')
     p = run_train(root, cfg, *CPU, '--out_dir=out-ft-offline', check=False, timeout=120,
                   env=dict(env(root), HF_HOME=str(tmp_path)))
-    lines = p.stderr.strip().splitlines()
-    assert p.returncode == 2 and len(lines) == 1 and 'gpt2-xl' in lines[0], p.stderr
-    assert 'offline' in lines[0]
+    line = one_error_line(p)
+    assert 'gpt2-xl' in line and 'offline' in line, line
     assert not (root / 'out-ft-offline').exists() or not checkpoint_iters(root / 'out-ft-offline')
 
 
@@ -214,19 +213,36 @@ class RunsCode:  # a pickle that would run a command when loaded
         return (os.system, (f"touch {self.path}",))
 
 
-@pytest.mark.parametrize('meta', ['gadget', 'no_vocab', 'garbage'])
-def test_a_bad_meta_pkl_is_one_line_and_runs_nothing(tmp_path, meta):
-    # meta.pkl is untrusted input: it is unpickled with no globals allowed
-    d = tmp_path / 'data' / 'chars'
+def bad_meta_pkl(root, meta):
+    d = root / 'data' / 'chars'
     d.mkdir(parents=True)
     np.arange(200, dtype=np.uint16).tofile(d / 'train.bin')
     np.arange(200, dtype=np.uint16).tofile(d / 'val.bin')
-    ran = tmp_path / 'ran'
+    ran = root / 'ran'
     (d / 'meta.pkl').write_bytes({'gadget': pickle.dumps({'vocab_size': 65, 'x': RunsCode(ran)}),
                                   'no_vocab': pickle.dumps({'stoi': {}}),
                                   'garbage': b'not a pickle'}[meta])
+    return d, ran
+
+
+@pytest.mark.parametrize('meta', ['gadget', 'no_vocab', 'garbage'])
+def test_a_bad_meta_pkl_is_one_line_and_runs_nothing(tmp_path, monkeypatch, capsys, meta):
+    # meta.pkl is untrusted input: it is unpickled with no globals allowed. Its one reader
+    # (corpus.dataset_vocab, as train.py and sample.py call it) here; end to end: the test below
+    from hetgpt import corpus
+    d, ran = bad_meta_pkl(tmp_path, meta)
+    monkeypatch.chdir(tmp_path)  # (where a command run would write)
+    with pytest.raises(SystemExit) as e:
+        corpus.dataset_vocab(os.path.join('data', 'chars'))
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert e.value.code == 2 and not out and len(lines) == 1 and lines[0].startswith('error: '), err
+    assert 'meta.pkl' in lines[0] and not ran.exists(), err
+
+
+def test_a_meta_pkl_that_would_run_a_command_ends_train_py_in_one_line(tmp_path):
+    _, ran = bad_meta_pkl(tmp_path, 'gadget')
     p = run_train(tmp_path, '--dataset=chars', *CPU, '--n_layer=1', '--n_head=1', '--n_embd=8',
                   '--block_size=8', check=False, timeout=120)
-    lines = p.stderr.strip().splitlines()
-    assert p.returncode == 2 and len(lines) == 1 and 'meta.pkl' in lines[0], p.stderr
+    assert 'meta.pkl' in one_error_line(p)
     assert not ran.exists() and not (tmp_path / 'out').exists()

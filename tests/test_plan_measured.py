@@ -246,9 +246,9 @@ class Lion(torch.optim.Optimizer):  # one state per parameter (Chen et al. 2023)
 
 OPTIMIZERS = {
     'adamw': None,  # model.make_optimizer as it is
-    'sgd_momentum': lambda params, *args: torch.optim.SGD(params, lr=0.1, momentum=0.9),
-    'lion': lambda params, *args: Lion(params),
-    'sgd_plain': lambda params, *args: torch.optim.SGD(params, lr=0.1),
+    'sgd_momentum': lambda net, config: [torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)],
+    'lion': lambda net, config: [Lion(net.parameters())],
+    'sgd_plain': lambda net, config: [torch.optim.SGD(net.parameters(), lr=0.1)],
 }
 
 
@@ -260,11 +260,12 @@ def test_optimizer_state_follows_the_optimizer_train_py_builds(monkeypatch, name
     try:
         # measured here: the state one real step leaves on a plain Linear
         layer = nn.Linear(48, 40)
-        optimizer = model.make_optimizer(layer.parameters())
+        optimizers = model.make_optimizer(layer, costs.train_knobs())
         for p in layer.parameters():
             p.grad = torch.ones_like(p)
-        optimizer.step()
-        state = sum(t.nbytes for st in optimizer.state.values() for t in st.values()
+        for optimizer in optimizers:
+            optimizer.step()
+        state = sum(t.nbytes for o in optimizers for st in o.state.values() for t in st.values()
                     if torch.is_tensor(t) and t.dim() > 0)
         per_param = state / sum(p.numel() for p in layer.parameters())
         assert costs.optimizer_state_bytes() == pytest.approx(per_param)
@@ -289,7 +290,7 @@ class OrthogonalSGD(torch.optim.Optimizer):  # Muon-like: the update of a matrix
 
 
 def test_a_whole_matrix_optimizer_is_never_sharded(monkeypatch):
-    monkeypatch.setattr(model, 'make_optimizer', lambda params, *args: OrthogonalSGD(params))
+    monkeypatch.setattr(model, 'make_optimizer', lambda net, config: [OrthogonalSGD(net.parameters())])
     forget_the_optimizer()
     try:
         assert not costs.optimizer_updates_shards_alone()

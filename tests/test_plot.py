@@ -10,6 +10,8 @@ import sys
 
 import numpy as np
 
+from trainer import one_error_line
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -47,33 +49,24 @@ def test_plot_writes_png(tmp_path):
     assert len(colours) > 10  # lines, text, legend: not a blank canvas
 
 
-def mistake(r):
-    # a user's mistake: one line on stderr starting 'error: ', exit status 2, no traceback
-    assert r.returncode == 2, (r.returncode, r.stderr)
-    lines = r.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith('error: '), r.stderr
-    assert 'Traceback' not in r.stderr
-    return lines[0]
-
-
 def test_plot_without_matplotlib(tmp_path):
     write_metrics(tmp_path / 'metrics.jsonl')
     r = plot(str(tmp_path), hide_matplotlib=True)
-    assert mistake(r) == "error: plot.py needs matplotlib: pip install matplotlib"
+    assert one_error_line(r) == "error: plot.py needs matplotlib: pip install matplotlib"
     assert not (tmp_path / 'loss.png').exists()
 
 
 def test_plot_without_metrics(tmp_path):
-    assert 'train' in mistake(plot(str(tmp_path / 'nothing')))
+    assert 'train' in one_error_line(plot(str(tmp_path / 'nothing')))
     write_metrics(tmp_path / 'metrics.jsonl')  # the file given where its folder is wanted
-    assert 'give the run\'s folder' in mistake(plot(str(tmp_path / 'metrics.jsonl')))
+    assert 'give the run\'s folder' in one_error_line(plot(str(tmp_path / 'metrics.jsonl')))
 
 
 def test_plot_usage():
     for args in ([], ['a', 'b'], ['--out']):  # (-h and --help: tests/test_help.py)
         r = subprocess.run([sys.executable, 'plot.py', *args], cwd=ROOT, capture_output=True,
                            text=True, timeout=60)
-        assert 'usage: python plot.py OUT_DIR' in mistake(r)
+        assert 'usage: python plot.py OUT_DIR' in one_error_line(r)
 
 
 def test_plot_without_rows(tmp_path):
@@ -82,14 +75,14 @@ def test_plot_without_rows(tmp_path):
               '{"iter": 1, "tokens": 2, "loss": "low"}']
     for text in ('', '\n'.join(others) + '\n'):
         (tmp_path / 'metrics.jsonl').write_text(text)
-        assert 'no train or eval rows' in mistake(plot(str(tmp_path)))
+        assert 'no train or eval rows' in one_error_line(plot(str(tmp_path)))
     (tmp_path / 'metrics.jsonl').write_bytes(b'\xff\xfe{"iter": 1}\n')  # not UTF-8
-    assert 'no train or eval rows' in mistake(plot(str(tmp_path)))
+    assert 'no train or eval rows' in one_error_line(plot(str(tmp_path)))
 
 
 def test_plot_cannot_write(tmp_path):
     write_metrics(tmp_path / 'metrics.jsonl')
     (tmp_path / 'loss.png').mkdir()  # where the picture goes, a directory is in the way
     (tmp_path / 'loss.png' / 'keep.txt').write_text('mine')
-    assert 'loss.png is not a file' in mistake(plot(str(tmp_path)))
+    assert 'loss.png is not a file' in one_error_line(plot(str(tmp_path)))
     assert (tmp_path / 'loss.png' / 'keep.txt').read_text() == 'mine'

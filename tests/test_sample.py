@@ -18,6 +18,7 @@ import torch
 
 from make_ckpt import make_checkpoint
 from sample import generate
+from trainer import one_error_line, run_here
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -79,11 +80,9 @@ def test_sample_greedy_with_and_without_cache(run):
 
 
 def mistake(r, start=''):
-    assert r.returncode == 2, (r.returncode, r.stderr)
-    lines = r.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith('error: ' + start), r.stderr
-    assert 'Traceback' not in r.stderr and not r.stdout
-    return lines[0]
+    line = one_error_line(r)
+    assert line.startswith('error: ' + start) and not r.stdout, (line, r.stdout)
+    return line
 
 
 def test_missing_prompt_file(run, tmp_path):
@@ -151,7 +150,8 @@ def out_of_range(rule, default):
     return []
 
 
-def test_every_knob_has_a_rule_and_every_rule_holds(run, tmp_path):
+def test_every_knob_has_a_rule_and_every_rule_holds(run, tmp_path, monkeypatch, capfd):
+    # (in this process: sample.py's mistakes as processes are the tests around this one)
     out, _ = run
     knobs, rules = knobs_and_rules()
     assert len(knobs) >= 11 and set(knobs) == set(rules), set(knobs) ^ set(rules)
@@ -166,14 +166,19 @@ def test_every_knob_has_a_rule_and_every_rule_holds(run, tmp_path):
             wrong = f'--{knob}=' + {bool: '3', int: '1.5', float: 'abc'}[type(default)]
         for arg in [wrong] + [f'--{knob}={v}' for v in out_of_range(rules[knob], default)]:
             # against a real checkpoint: a value that slipped through would sample, and exit 0
-            r = sample(f'--out_dir={out}', '--max_new_tokens=2', '--num_samples=1', arg)
+            r = run_here(monkeypatch, capfd, 'sample.py', f'--out_dir={out}', '--max_new_tokens=2',
+                         '--num_samples=1', arg)
             mistake(r, f'{knob}=')
             ran += 1
     assert ran >= 20
 
 
-def test_prompt_and_paths_checked_before_loading(run, tmp_path):
+def test_prompt_and_paths_checked_before_loading(run, tmp_path, monkeypatch, capfd):
+    # (in this process: the prompt file's and the checkpoint's mistakes as processes are
+    # test_missing_prompt_file and test_missing_checkpoint; the export's, test_entry_points)
     out, _ = run
+    monkeypatch.chdir(ROOT)
+    sample = lambda *args: run_here(monkeypatch, capfd, 'sample.py', *args)  # noqa: E731
     latin1 = tmp_path / 'latin1.txt'
     latin1.write_bytes('café'.encode('latin-1'))
     assert 'not UTF-8' in mistake(sample(f'--out_dir={out}', f'--start=FILE:{latin1}'))

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from trainer import ROOT, TINY, make_dataset, one_error_line, run_train, snapshot
-from hetgpt import tokens
+from hetgpt import corpus
 
 RUN = TINY + ['--batch_size=4', '--eval_interval=100', '--max_iters=2']
-BLOCK, COUNT = 1 << 16, 66  # the sampled blocks, as hetgpt/tokens.py's comment documents them
+BLOCK, COUNT = 1 << 16, 66  # the sampled blocks, as hetgpt/corpus.py's comment documents them
 
 
 def trained_nothing(out):
@@ -28,7 +28,7 @@ def trained_nothing(out):
 
 def cache_the_largest_id(path):
     # What train.py's start-up check writes beside the file: <file>.max.json
-    tokens.open_tokens(str(path), 32, 256, 'test')
+    corpus.open_tokens(str(path), 32, 256, 'test')
     return json.load(open(f'{path}.max.json'))
 
 
@@ -61,7 +61,7 @@ def unsampled(size):
 
 
 def test_a_bad_id_between_the_sampled_blocks_is_caught_in_the_batch_that_holds_it(tmp_path):
-    # (needs train.py's get_batch to call tokens.check_batch)
+    # (needs train.py's get_batch to call corpus.check_batch)
     d = make_dataset(tmp_path, 'gaps')
     path = os.path.join(d, 'train.bin')
     tokens = np.resize(np.fromfile(path, dtype=np.uint16), 6_000_000)  # 12 MB: 3x the samples
@@ -74,7 +74,7 @@ def test_a_bad_id_between_the_sampled_blocks_is_caught_in_the_batch_that_holds_i
     assert (tokens == 300).mean() > 0.5
     tokens.tofile(path)
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # as cp -p or rsync -t would
-    assert tokens.content_key(path, st.st_size) == cached['blake2b']  # the cache is believed
+    assert corpus.content_key(path, st.st_size) == cached['blake2b']  # the cache is believed
     p = run_train(tmp_path, *RUN, '--dataset=gaps', '--out_dir=gaps', check=False)
     line = one_error_line(p)
     found = re.search(r'gaps/train\.bin holds token id 300 at offset (\d+), not below '
@@ -88,9 +88,9 @@ def test_a_bad_id_between_the_sampled_blocks_is_caught_in_the_batch_that_holds_i
 def test_a_batch_check_names_the_first_bad_offset_and_passes_good_batches():
     # check_batch alone: rows are windows of a file at offsets
     windows = np.array([[1, 2, 3], [4, 255, 6]], dtype=np.uint16)
-    assert tokens.check_batch('f.bin', windows, [10, 20], 256) is windows
-    code = ("import sys, numpy as np; sys.path.insert(0, %r); from hetgpt import tokens; "
-            "tokens.check_batch('data/x/train.bin', np.array([[1, 999, 3], [700, 2, 3]], "
+    assert corpus.check_batch('f.bin', windows, [10, 20], 256) is windows
+    code = ("import sys, numpy as np; sys.path.insert(0, %r); from hetgpt import corpus; "
+            "corpus.check_batch('data/x/train.bin', np.array([[1, 999, 3], [700, 2, 3]], "
             "np.uint16), np.array([50, 7]), 256)" % ROOT)
     p = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
     assert one_error_line(p).startswith(
@@ -154,13 +154,28 @@ def mem_total_gib():
     ('HETGPT_MEM_GIB', 'over', 'total'),  # just above MemTotal
     ('HETGPT_HOST_MEM_GIB', '1e9', '65536.0'),  # above MemTotal is allowed (a microVM): not this
 ])
-def test_a_stated_memory_above_the_machine_s_is_one_line(synth, name, value, size):
+def test_a_stated_memory_above_the_machine_s_is_one_line(monkeypatch, capsys, name, value, size):
+    # the variables' one reader, as train.py calls it for a CPU rank (local rank 0); end to end:
+    # the test below
+    from hetgpt import hardware
     value = f'{mem_total_gib() * 1.05:.1f}' if value == 'over' else value
     size = f'{mem_total_gib():.1f}' if size == 'total' else size
-    out = synth / f'stated_{name}_{value}'
-    p = run_train(synth, *RUN, f'--out_dir={out.name}', check=False, env={name: value})
+    monkeypatch.delenv('HETGPT_MEM_GIB', raising=False)
+    monkeypatch.delenv('HETGPT_HOST_MEM_GIB', raising=False)
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as e:
+        hardware.stated_memory(0, 'cpu')
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and not out and err.splitlines() == [err.strip()], err
+    assert err.startswith(f'error: {name}={value} states ') and f'({size} GiB)' in err, err
+
+
+def test_a_stated_memory_above_the_machine_s_ends_train_py_in_one_line(synth):
+    value, size = f'{mem_total_gib() * 1.05:.1f}', f'{mem_total_gib():.1f}'  # just above MemTotal
+    out = synth / 'stated_over'
+    p = run_train(synth, *RUN, f'--out_dir={out.name}', check=False, env={'HETGPT_MEM_GIB': value})
     line = one_error_line(p)
-    assert line.startswith(f'error: {name}={value} states ') and f'({size} GiB)' in line, line
+    assert line.startswith(f'error: HETGPT_MEM_GIB={value} states ') and f'({size} GiB)' in line, line
     assert trained_nothing(out)
 
 

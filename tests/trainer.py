@@ -1,5 +1,4 @@
 """Helpers for the tests that run train.py: a small dataset, a launcher, checkpoint readers."""
-import json
 import os
 import subprocess
 import sys
@@ -9,6 +8,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from hetgpt import ckpt  # noqa: E402
+from hetgpt.metrics import read_rows  # noqa: E402
 
 latest_checkpoint = ckpt.latest
 
@@ -52,11 +52,26 @@ def run_train(cwd, *args, nproc=1, check=True, timeout=600, env=None, faults=Fal
 
 
 def one_error_line(p):
-    # A user mistake's outcome: exit 2 and one `error: ...` line on stderr, no traceback
-    lines = p.stderr.strip().splitlines()
+    # A user mistake's outcome: exit 2 and one `error: ...` line on stderr, no traceback. The one
+    # check of it for a process (p: a CompletedProcess, or a Popen with its output read into
+    # p.stdout and p.stderr as text); a test adds what its case says about the line.
+    lines = p.stderr.splitlines()
     assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
     assert len(lines) == 1 and lines[0].startswith('error: ') and 'Traceback' not in p.stderr, p.stderr
     return lines[0]
+
+
+def run_here(monkeypatch, capfd, script, *args):
+    # A script (sample.py) run in this process, as its command line runs it, where torch is imported
+    # already (~0.1 s, not ~2.5 s): its exit status and output as a process's. For mistakes that end
+    # it (SystemExit); each such mistake has an end to end test as a process too.
+    import runpy
+    import pytest
+    monkeypatch.setattr(sys, 'argv', [script, *args])
+    with pytest.raises(SystemExit) as e:
+        runpy.run_path(os.path.join(ROOT, script), run_name='__main__')
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(sys.argv, e.value.code, out, err)
 
 
 def snapshot(out):
@@ -95,7 +110,7 @@ def max_rel_diff(a, b):
 
 
 def metrics(out_dir):
-    return [json.loads(line) for line in open(os.path.join(out_dir, 'metrics.jsonl'))]
+    return read_rows(os.path.join(out_dir, 'metrics.jsonl'))
 
 
 def train_losses(out_dir):

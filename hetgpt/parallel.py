@@ -1,0 +1,73 @@
+"""
+The model placed as the plan says: activation checkpointing, compilation, then FSDP2 or DDP, in
+that order (compile sees the ac blocks; FSDP wraps the compiled ones; torchtitan's
+order), and the autocast its forwards run under.
+"""
+import functools
+from contextlib import nullcontext
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.checkpoint import checkpoint
+
+import model as network  # (LMHeadLoss and chunk_loss: the loss to compile)
+
+
+def wrap(raw_model, plan, rank, world_size, device, dtype, compile, seed):
+    # Returns (model, autocast). raw_model may be on the meta device: each rank then makes
+    # storage for its own weights or shard here, with the initial weights (GPT.materialise).
+    device_type, ptdtype = device.split(':')[0], getattr(torch, dtype)
+    if plan.ac[rank]:  # this rank's backward runs each block's forward again
+        for block in raw_model.transformer.h:
+            block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+    if compile:
+        for block in raw_model.transformer.h:
+            block.compile()
+        # the loss's elementwise work, fused per chunk
+        network.LMHeadLoss.kernel = torch.compile(network.chunk_loss)
+    model = raw_model
+    if plan.shard:
+        model = shard(raw_model, plan, world_size, device_type, ptdtype)
+    if raw_model.lm_head.weight.is_meta:  # storage now, where this rank keeps its weights
+        raw_model.materialise('cpu' if plan.offload else device, seed, draw_on=device)
+    if not plan.shard:
+        raw_model.to(device)
+        if world_size > 1:
+            model = DDP(raw_model, gradient_as_bucket_view=True)
+    # DDP keeps float32 weights and its matmuls run in ptdtype. No cache of the weights' 16-bit
+    # copies: under ac it would keep every block's until the forward ends.
+    autocast = torch.autocast(device_type=device_type, dtype=ptdtype, cache_enabled=False,
+                              enabled=not plan.shard and ptdtype != torch.float32)
+    return model, autocast
+
+
+def shard(raw_model, plan, world_size, device_type, ptdtype):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import (CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy,
+                                        fully_shard)
+    # fully_shard moves each parameter to the device as it shards it: the model never has to
+    # fit on one GPU. The mesh uses the default group: offloaded gradients are host tensors,
+    # whose norms clip_grad_norm_ reduces through its gloo. Pinned host shards (CUDA only) copy
+    # asynchronously.
+    cuda = device_type == 'cuda'
+    offload = CPUOffloadPolicy(pin_memory=cuda) if plan.offload else OffloadPolicy()
+    kw = dict(mesh=init_device_mesh(device_type, (world_size,)),
+              mp_policy=MixedPrecisionPolicy(param_dtype=ptdtype, reduce_dtype=torch.float32),
+              offload_policy=offload)
+    for block in raw_model.transformer.h:
+        fully_shard(block, reshard_after_forward=plan.reshard_after_forward, **kw)
+    return fully_shard(raw_model, **kw)
+
+
+def sync(model, reduce):
+    # A backward that reduces the gradients over ranks (reduce) or keeps them on this rank, to
+    # add the next micro-batch's. FSDP2 sets it on every module it wraps; DDP takes a context.
+    if hasattr(model, 'set_requires_gradient_sync'):
+        model.set_requires_gradient_sync(reduce)
+    if isinstance(model, DDP) and not reduce:
+        return model.no_sync()
+    return nullcontext()
+
+
+def fsdp_modules(model):  # the modules that all-gather their weights in a forward
+    return [m for m in model.modules() if hasattr(m, 'set_requires_gradient_sync')]

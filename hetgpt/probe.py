@@ -1,0 +1,46 @@
+"""
+The plan checked on the real device before training: each rank runs training steps at its
+micro-batch cap and measures its peak memory; the planner halves the caps that failed, and all
+probe again.
+"""
+import torch
+
+from hetgpt import hardware, planner
+from hetgpt.group import gather
+
+
+def fit_caps(plan, rank, step, steps, device_type, stated, log):
+    # step(sizes): a training step of this rank's micro-batches (sizes) that leaves the weights
+    # as they are (optim.frozen). steps: how many make the steps that follow (DDP rebuilds its
+    # buckets in its second iteration). Returns (caps, every rank's peak, this rank's peak).
+    caps = plan.micro_batch
+    while True:  # (this rank's micro-batches at its cap: as many as the plan gives it, up to 2)
+        count = min(2, len(planner.resplit(plan, caps).micro_batches[rank]))
+        mine = probe([caps[rank]] * count, plan, rank, step, steps, device_type, stated)
+        peaks = gather(mine)
+        if all(peaks):
+            return caps, peaks, mine
+        caps = planner.after_oom(caps, peaks, plan.strategy)
+        log(f"out of memory in the probe step: micro-batches now {caps}")
+
+
+def probe(sizes, plan, rank, step, steps, device_type, stated):
+    # The last step is measured: the optimizer's state and compiled kernels are there from the
+    # first, as in every later step. Returns this rank's peak bytes and, on CUDA, the bytes
+    # outside the allocator once the step's kernels are loaded; None when out of memory or above
+    # the plan's room. (A host whose peak RSS cannot be reset is never above.)
+    cuda = device_type == 'cuda'
+    try:
+        for i in range(steps):
+            resets = i == steps - 1 and (hardware.reset_peaks(device_type) or cuda)
+            step(sizes)
+        # (stated, the GPU may be shared: what is outside the allocator is not all this rank's)
+        outside = hardware.outside_allocator() if cuda and stated is None else None
+        total = torch.cuda.max_memory_reserved() if cuda else hardware.peak_rss()
+        peak = dict(total=total, overhead=outside,
+                    alloc=torch.cuda.max_memory_allocated() if cuda else None)
+        if resets and peak['total'] > plan.room(rank, outside):
+            peak = None
+    except torch.cuda.OutOfMemoryError:
+        peak = None
+    return peak

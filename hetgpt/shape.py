@@ -1,0 +1,46 @@
+"""
+The model's shape (model.GPTConfig's fields): what each may be, and the one check of a shape,
+whether a config's knobs (train.py, plan.py) or a checkpoint's model_args (untrusted input).
+"""
+from dataclasses import fields
+
+from configurator import rule_fault
+from hetgpt.errors import die
+from model import GPTConfig
+
+# What each field may be (configurator's rules; train.py's RULES takes them as they are). The upper
+# bounds are far beyond any real run, so that only a slip (an extra zero, 10**9 for 10**3) meets
+# them: 175B models are 96 × 12288, the largest trained widths about 25,000; contexts reach 1-10M
+# tokens, vocabularies 1M.
+RULES = {
+    'n_layer': '[1, 100000]', 'n_head': '[1, 1048576]', 'n_embd': '[1, 1048576]',
+    'block_size': '[1, 16777216]', 'vocab_size': '[1, 16777216]', 'dropout': '[0, 1)',
+    'bias': '', 'init_std': '> 0'}
+
+
+def fault(args):
+    # What is wrong with the shape in args (a config, or model_args), in one line; None if nothing.
+    # A checkpoint may lack dropout and init_std: no part of the weights' shapes.
+    for f in fields(GPTConfig):
+        value, want = args.get(f.name), type(f.default)
+        if value is None:
+            if want is float:
+                continue
+            return f"{f.name} is missing"
+        if type(value) not in ((int, float) if want is float else (want,)):  # (a bool is no int)
+            return f"{f.name}={value!r} is not {want.__name__}"
+        bad = rule_fault(f.name, value, RULES[f.name])
+        if bad:
+            return bad
+    n_embd, n_head = args['n_embd'], args['n_head']
+    if n_embd % n_head:
+        return (f"n_embd={n_embd} is not divisible by n_head={n_head}; pick n_head among "
+                f"{[h for h in range(1, 129) if n_embd % h == 0][-6:]}")
+    return None
+
+
+def check(config):
+    # train.py's and plan.py's: a bad shape is one line, exit 2
+    bad = fault(config)
+    if bad:
+        die(bad)
