@@ -95,7 +95,7 @@ run prepare prepare.log "$PY" "$ROOT/data/prepare.py" --input corpus --name smok
     fail "prepare: no data/smoke/{train,val}.bin"
 check "prepare: every .txt, .jsonl and .parquet document, its tokens as tiktoken's" "
 import glob, json, numpy as np, pyarrow.parquet as pq
-from tokenizer import gpt2_encoding
+from hetgpt.tokenizer import gpt2_encoding
 texts = [open(p).read() for p in glob.glob('corpus/*.txt')]
 texts += [json.loads(l)['text'] for l in open('corpus/tests.jsonl')]
 texts += pq.read_table('corpus/more.parquet').column('text').to_pylist()
@@ -123,7 +123,7 @@ prepare.main(['--dataset', 'openwebtext', '--out_dir', 'data', '--val_fraction',
 "
 check "openwebtext: the stand-in's 40 documents split 30/10, their tokens as tiktoken's" "
 import json, numpy as np
-from tokenizer import gpt2_encoding
+from hetgpt.tokenizer import gpt2_encoding
 meta = json.load(open('data/openwebtext/meta.json'))
 assert (meta['train_docs'], meta['val_docs']) == (30, 10), meta
 enc = gpt2_encoding()
@@ -198,7 +198,7 @@ echo "ok: export read back by safetensors and transformers, logits match"
 if [[ -f $TMP/hf/tokenizer.json ]]; then  # the export has GPT-2's tokenizer (a 50257 vocab)
     check "export (d): transformers' tokenizer of the export gives tiktoken's ids" "
 from transformers import AutoTokenizer
-from tokenizer import gpt2_encoding
+from hetgpt.tokenizer import gpt2_encoding
 text = 'def main(argv):\\n    return {\\'caf\\u00e9\\': 1} <|endoftext|>'
 ids = AutoTokenizer.from_pretrained('$TMP/hf').encode(text)
 assert ids == gpt2_encoding().encode(text, allowed_special='all'), ids
