@@ -87,7 +87,8 @@ def main(argv=None):
     ap.add_argument('--plan', default='auto', choices=('auto',) + STRATEGIES)
     ap.add_argument('--dtype', default='bfloat16', choices=('bfloat16', 'float16', 'float32'))
     ap.add_argument('--inter_node_gbs', type=float, default=None,
-                    help="GB/s per GPU between nodes (default: the GPU's reference system)")
+                    help="GB/s of NIC per GPU between nodes (default: the GPU's reference "
+                    "system); NCCL drives a node's NICs together")
     args, rest = ap.parse_known_args(argv)
     for name, ok, want in (  # (nan and inf fail these comparisons)
             ('host_mem', args.host_mem is None or 0 < args.host_mem < math.inf, 'a number > 0'),

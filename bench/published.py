@@ -1,7 +1,9 @@
 """
 The planner's predicted training throughput against published figures for the same model shape,
-GPUs, batch and strategy (no GPU needed: the planner's dry run). tests/test_plan.py holds each
-within 25%.
+GPUs, batch and strategy (no GPU needed: the planner's dry run). tests/test_plan.py holds the first
+table (PUBLISHED) within 25%, and for the MPT runs the change in tokens/s per GPU from 8 GPUs to
+64 (one node to eight) within 10% of the published change; their tokens/s per GPU are not yet
+within 25% (0.77-1.41: one matmul efficiency for every GPU).
 
   python bench/published.py
 
@@ -32,6 +34,41 @@ PUBLISHED = [
 ]
 
 
+# MosaicML's MPT runs (llm-foundry scripts/train/benchmarking/README.md, tables "H100 80GB BF16"
+# and "A100 80GB with 1600 Gbps node-node interconnect (RoCE)"): FSDP FULL_SHARD (ZeRO-3), bf16,
+# sequence 2048, the micro-batch and activation checkpointing given. MPT is GPT-2's block without
+# biases and with ALiBi in place of learned positions (GPT-2's wpe adds 2048·h parameters, under
+# 0.2%), vocabulary 50368; its sizes: (layers, width, heads).
+FOUNDRY = "mosaicml/llm-foundry scripts/train/benchmarking/README.md (MPT, FSDP FULL_SHARD, bf16, seq 2048)"
+MPT = {'760m': (24, 1536, 12), '1b': (24, 2048, 16), '3b': (32, 2560, 20), '7b': (32, 4096, 32),
+       '13b': (40, 5120, 40), '30b': (48, 7168, 56), '70b': (80, 8192, 64)}
+# (size, GPU, GPUs, micro-batch, micro-batches per step, activation checkpointing, tok/s per GPU)
+MPT_RUNS = [
+    ('70b', 'H100-SXM', 64, 8, 4, True, 1039), ('70b', 'H100-SXM', 32, 2, 16, True, 882),
+    ('30b', 'H100-SXM', 32, 14, 3, True, 2308), ('30b', 'H100-SXM', 8, 3, 21, True, 2002),
+    ('13b', 'H100-SXM', 64, 2, 1, False, 4800), ('13b', 'H100-SXM', 8, 2, 1, False, 4792),
+    ('7b', 'H100-SXM', 8, 6, 1, False, 10643), ('3b', 'H100-SXM', 64, 6, 3, False, 22525),
+    ('1b', 'H100-SXM', 64, 20, 1, False, 44402), ('1b', 'H100-SXM', 8, 14, 1, False, 45455),
+    ('760m', 'H100-SXM', 8, 24, 2, False, 63147),
+    ('70b', 'A100-80GB', 64, 8, 4, True, 410), ('30b', 'A100-80GB', 8, 3, 21, True, 916),
+    ('13b', 'A100-80GB', 8, 2, 3, False, 2262), ('7b', 'A100-80GB', 8, 6, 2, False, 4641),
+    ('3b', 'A100-80GB', 8, 10, 2, False, 10811), ('1b', 'A100-80GB', 8, 14, 4, False, 20513),
+    ('760m', 'A100-80GB', 8, 24, 2, False, 32434),
+]
+
+
+def mpt(size):
+    layers, width, heads = MPT[size]
+    return GPTConfig(n_layer=layers, n_embd=width, n_head=heads, vocab_size=50368, block_size=2048, bias=False)
+
+
+def plan_mpt(size, gpu, n, micro, count, ac):
+    # one of MPT_RUNS planned as it ran: 8 GPUs per node, its strategy and micro-batch forced
+    ranks = [dict(device='cuda', gpu=gpu, node=i // 8) for i in range(n)]
+    return planner.make_plan(mpt(size), micro * count * n, ranks, plan='fsdp+ac' if ac else 'fsdp',
+                             micro_batch_size=micro)
+
+
 def compare():
     rows = []
     for what, source, cfg, (gpu, n), batch, strategy, published in PUBLISHED:
@@ -44,10 +81,28 @@ def compare():
     return rows
 
 
+def compare_mpt():
+    # MPT_RUNS: published and predicted tokens/s per GPU (None where the plan does not fit)
+    rows = []
+    for size, gpu, n, micro, count, ac, published in MPT_RUNS:
+        p = plan_mpt(size, gpu, n, micro, count, ac)
+        predicted = p.tokens_per_sec / n if p.fits else None
+        rows.append(dict(what=f"MPT {size}", gpus=f"{n}×{gpu}", run=f"{micro}×{count}{' ac' if ac else ''}",
+                         published=published, predicted=predicted,
+                         ratio=predicted and predicted / published))
+    return rows
+
+
 if __name__ == '__main__':
     print('| published run | GPUs | plan | published tok/s | predicted tok/s | predicted / published | plan=auto |')
     print('|---|---|---|---|---|---|---|')
     for r in compare():
         print(f"| {r['what']} | {r['gpus']} | {r['strategy']} | {r['published']:,.0f} | {r['predicted']:,.0f} "
               f"| {r['ratio']:.2f} | {r['auto']} |")
-    print('\nsources:\n' + '\n'.join(f"- {s}" for s in dict.fromkeys(p[1] for p in PUBLISHED)))
+    print('\n| MPT run (per GPU) | GPUs | micro×count | published tok/s | predicted tok/s | predicted / published |')
+    print('|---|---|---|---|---|---|')
+    for r in compare_mpt():
+        predicted, ratio = ('does not fit', '-') if r['predicted'] is None else \
+            (f"{r['predicted']:,.0f}", f"{r['ratio']:.2f}")
+        print(f"| {r['what']} | {r['gpus']} | {r['run']} | {r['published']:,} | {predicted} | {ratio} |")
+    print('\nsources:\n' + '\n'.join(f"- {s}" for s in dict.fromkeys([p[1] for p in PUBLISHED] + [FOUNDRY])))

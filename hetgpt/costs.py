@@ -47,7 +47,7 @@ def counts(model_config):
     block, root = _shapes(tuple(sorted(vars(replace(c, n_layer=1)).items())))
     numel = lambda shapes: sum(math.prod(s) for s in shapes)
     return dict(total=c.n_layer * numel(block) + numel(root), block=numel(block), root=numel(root),
-                block_shapes=block, root_shapes=root)
+                block_shapes=block, root_shapes=root, layers=c.n_layer)
 
 
 # What the model saves for backward and what its optimizer keeps, measured rather than assumed: a

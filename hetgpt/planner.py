@@ -27,6 +27,10 @@ GiB = 2**30
 # Guesses that a probe step replaces; each is what the dry run assumes.
 EFFICIENCY = 0.5       # matmul FLOPs / dense peak: nanoGPT ~0.4-0.5 MFU on A100, Megatron-LM ~0.5
 LINK_EFFICIENCY = 0.7  # NCCL bus bandwidth / link's nominal (nccl-tests: ~230 of 300 GB/s, NVLink)
+NIC_EFFICIENCY = 0.93  # NCCL bus bandwidth / NIC line rate: 46-48 of 50 GB/s per NDR 400 Gb/s NIC
+                       # (NVIDIA on nccl-tests#290 and #267)
+COLLECTIVE_S = 50e-6   # one NCCL collective's start-up: a 4-byte all-reduce over 2 nodes of 8 GPUs
+                       # takes 47 us (nccl#1244); it bounds what small messages cost
 PCIE_EFFICIENCY = 0.7  # pinned copies / PCIe nominal (A100 H2D 25 of 31.5, H100 35-53 of 63 GB/s)
 HBM_EFFICIENCY = 0.7   # fused AdamW's streaming / HBM peak
 HOST_ADAM_BW = 100e9   # bytes/s per node for the CPU AdamW step (memory bound; not measured)
@@ -34,6 +38,7 @@ LAUNCH_S = 1e-4        # seconds per layer per micro-batch (forward + backward k
 FSDP_GROUP_S = 2e-4    # seconds per FSDP group per micro-batch: hooks, copy-in/copy-out
 CPU_FLOPS = 1e11       # FLOP/s of a CPU rank when not measured (2 AVX-512 cores, float32)
 CPU_COMM_BW = 2e9      # gloo over loopback
+DDP_BUCKET = 25 * 2**20  # bytes per all-reduce: DDP's default bucket_cap_mb
 GPU_OVERHEAD = GiB     # outside the allocator: CUDA context, NCCL buffers (unless measured)
 PROCESS_HOST = 2 * GiB  # host bytes of one training process (Python, torch, CUDA host state)
 CPU_OVERHEAD = GiB // 2  # a CPU rank's process before any tensor
@@ -201,30 +206,43 @@ class Plan:
         out = [f"plan: {self.strategy} ({'fits' if self.fits else 'does NOT fit'}), "
                f"{len(self.ranks)} rank(s), {self.n_params:,} parameters, {self.dtype}, batch "
                f"{self.batch_size} × {self.block_size} tokens; memory in GiB",
-               f"{'rank':>4} {'node':>4} {'device':<14} {'share':>5} {'micro×acc':>9} ac     "
+               f"{'rank':>5} {'node':>5} {'device':<14} {'share':>5} {'micro×acc':>9} ac     "
                + ''.join(f"{p[:5]:>8}" for p in parts)
                + f"{'budget':>8}{'host/node':>10}{'tok/s':>10}{'MFU':>6}"]
+        rows = []  # (rank, node, the rest of its lines)
         for i, r in enumerate(self.ranks):
             p, mb = self.predicted[i], f"{max(self.micro_batches[i])}×{self.accum[i]}"
             tps = self.share[i] * self.block_size / (self.step_time or 1)
             peak = _peak(r, self.dtype)
             mfu = costs.mfu(self.config, self.share[i], self.step_time, peak)
-            out.append(f"{i:>4} {r['node']:>4} {r['gpu'] or r['device']:<14} {self.share[i]:>5} "
-                       f"{mb:>9} {'yes' if self.ac[i] else 'no':<3} pred"
-                       + ''.join(f"{g(p[k]):>8}" for k in parts)
-                       + f"{g(r['mem'] * r['fraction']):>8}{g(p['host']) if p['host'] else '-':>10}"
-                       + (f"{tps:>10,.0f}" if self.step_time else f"{'-':>10}")
-                       + (f"{mfu:>6.0%}" if mfu else f"{'-':>6}"))
+            lines = [f" {r['gpu'] or r['device']:<14} {self.share[i]:>5} "
+                     f"{mb:>9} {'yes' if self.ac[i] else 'no':<3} pred"
+                     + ''.join(f"{g(p[k]):>8}" for k in parts)
+                     + f"{g(r['mem'] * r['fraction']):>8}{g(p['host']) if p['host'] else '-':>10}"
+                     + (f"{tps:>10,.0f}" if self.step_time else f"{'-':>10}")
+                     + (f"{mfu:>6.0%}" if mfu else f"{'-':>6}")]
             if measured and i < len(measured) and measured[i]:
-                out.append(f"{'':>44} meas" + ''.join(f"{g(measured[i].get(k)):>8}" for k in parts)
-                           + f"{'':>8}{g(measured[i].get('host')):>10}")
+                lines.append(f"{'':>35} meas" + ''.join(f"{g(measured[i].get(k)):>8}" for k in parts)
+                             + f"{'':>8}{g(measured[i].get('host')):>10}")
+            rows.append((i, r['node'], lines))
+        # consecutive ranks that would print the same lines: one row, "0-63"
+        span = lambda a, b: f"{a}" if a == b else f"{a}-{b}"
+        groups = []
+        for i, node, lines in rows:
+            if groups and groups[-1][2] == lines:
+                groups[-1][0][1], groups[-1][1][1] = i, node
+            else:
+                groups.append(([i, i], [node, node], lines))
+        for (a, b), (m, n), lines in groups:
+            out.append(f"{span(a, b):>5} {span(m, n):>5}" + lines[0])
+            out.extend(f"{'':>11}" + line for line in lines[1:])
         out.append(host_line(self.ranks))
         if self.step_time:
             out.append(f"predicted: step {self.step_time:.3g} s, "
                        f"{self.tokens_per_sec:,.0f} tokens/s"
                        + (f", MFU {self.mfu:.0%}" if self.mfu else '')
                        + f" (matmuls at {EFFICIENCY:.0%} of dense peak, links at "
-                       f"{LINK_EFFICIENCY:.0%})")
+                       f"{LINK_EFFICIENCY:.0%}, NICs at {NIC_EFFICIENCY:.0%})")
         out.append('candidates: ' + ' | '.join(f"{s} {f'{t:.3g} s' if ok else 'x'}"
                                                for s, ok, t in self.candidates))
         if self.advice:
@@ -270,16 +288,23 @@ def _normalise(ranks, fraction):
 
 
 def _bandwidth(ranks, inter_node_bw):
-    # Bytes/s of the ring's slowest hop: NVLink/PCIe inside a node (unlike GPUs on one node talk
-    # over PCIe), the NIC between nodes (inter_node_bw, else the slowest part's 'net'); gloo for
-    # CPU ranks.
+    # NCCL's bus bandwidth (nccl-tests' busbw) for these ranks, bytes/s: an all-gather or a
+    # reduce-scatter of S bytes over N ranks takes (N-1)/N S / busbw, an all-reduce twice that.
+    # Inside a node: the GPUs' link (NVLink; PCIe between unlike GPUs). Between nodes NCCL runs
+    # its rings (channels) through all of a node's NICs at once, so a node's boundary carries the
+    # sum of its NICs: each GPU's share 'net' (or inter_node_bw), summed over the node's GPUs,
+    # the slowest node bounding (NVIDIA on nccl-tests#267: all-to-all alone is held to one NIC).
+    # NCCL's trees (all-reduce across many nodes) reach the same busbw: they save latency only.
+    # gloo for CPU ranks.
     if any(r['device'] == 'cpu' for r in ranks):
         return CPU_COMM_BW
     kinds = {r['gpu'] for r in ranks}
     intra = _dev(ranks[0])['p2p'] if len(kinds) == 1 else min(_dev(r)['host'] for r in ranks)
-    intra *= 1e9
-    inter = inter_node_bw or min(_dev(r)['net'] for r in ranks) * 1e9
-    return LINK_EFFICIENCY * (min(intra, inter) if len({r['node'] for r in ranks}) > 1 else intra)
+    intra = LINK_EFFICIENCY * intra * 1e9
+    nics = Counter()
+    for r in ranks:
+        nics[r['node']] += inter_node_bw or _dev(r)['net'] * 1e9
+    return intra if len(nics) == 1 else min(intra, NIC_EFFICIENCY * min(nics.values()))
 
 
 def _evaluate(cfg, batch, ranks, strategy, mbs, dtype, inter_node_bw, weights=None, choose=True):
@@ -366,14 +391,14 @@ def _evaluate_one(cfg, batch, ranks, strategy, mbs, dtype, inter_node_bw, accumu
                                         _comm(f, n, R, ring, bw, cb, ranks, per_node, accumulate,
                                               mine), accumulate, weights)
     elif not f['shard']:
-        # DDP: each rank alone, then one all-reduce of the fp32 grads (ring: 2(N-1)/N of them),
-        # overlapped with the backward (2/3) of the slowest rank's last micro-batch.
+        # DDP: each rank alone, then the all-reduce of the fp32 grads (_all_reduce), overlapped
+        # with the backward (2/3) of the slowest rank's last micro-batch.
         share, sizes = weighted(batch, caps, weights, False) if weights else \
             split(batch, caps, c0, c1, fixed=opt)
         busy = [sum(a + c * max(m, 1) for m in ms) + o for a, c, ms, o in zip(c0, c1, sizes, opt)]
         slow = max(range(R), key=busy.__getitem__)
         last = c0[slow] + c1[slow] * max(sizes[slow][-1], 1)
-        step = busy[slow] + max(0.0, 2 * ring * 4 * n['total'] / bw - 2 / 3 * last)
+        step = busy[slow] + max(0.0, _all_reduce(n, R, ring, bw) - 2 / 3 * last)
     else:
         gather, reduce, host_add = _comm(f, n, R, ring, bw, cb, ranks, per_node, accumulate, mine)
         # The same count K of micro-batches on every rank; each waits for the slowest rank's
@@ -407,6 +432,13 @@ def _evaluate_one(cfg, batch, ranks, strategy, mbs, dtype, inter_node_bw, accumu
     return result
 
 
+def _all_reduce(n, R, ring, bw):
+    # DDP's all-reduce of the fp32 grads (ring: 2(N-1)/N of them), in buckets of 25 MiB (DDP's
+    # bucket_cap_mb), a collective each
+    buckets = math.ceil(4 * n['total'] / DDP_BUCKET) if R > 1 else 0
+    return 2 * ring * 4 * n['total'] / bw + buckets * COLLECTIVE_S
+
+
 def _comm(f, n, R, ring, bw, cb, ranks, per_node, accumulate, mine):
     # FSDP2 per micro-batch: all-gather of 16-bit weights (forward, and again for backward when
     # resharded) and a reduce-scatter of fp32 grads, each (N-1)/N of the model; under offload
@@ -415,11 +447,13 @@ def _comm(f, n, R, ring, bw, cb, ranks, per_node, accumulate, mine):
     # micro-batch but the first adds its gradients to the host's: FSDP2 then copies them back
     # synchronously (its add on the host needs them) and adds on the CPU (read 2, write 1 fp32 per
     # parameter): not overlapped. Returns the seconds of (gathers, reduce, host add).
+    # Each of the model's FSDP groups (a block each, and the root) starts its own collectives.
     gathers = 2 if f['reshard_after_forward'] else 1
     pcie = min(_dev(r)['host'] for r in ranks) * 1e9 * PCIE_EFFICIENCY
-    gather = ring * gathers * cb * n['total'] / bw + \
+    start = COLLECTIVE_S * (n['layers'] + 1) if R > 1 else 0.0
+    gather = gathers * (ring * cb * n['total'] / bw + start) + \
         (gathers * 4 * mine / pcie if f['offload'] else 0)
-    reduce = ring * 4 * n['total'] / bw + (4 * mine / pcie if f['offload'] else 0)
+    reduce = ring * 4 * n['total'] / bw + start + (4 * mine / pcie if f['offload'] else 0)
     host_add = 0.0
     if f['offload'] and not accumulate:
         host_add = 4 * mine / pcie + 12 * mine * max(per_node.values()) / HOST_ADAM_BW
@@ -440,7 +474,7 @@ def _time_runs(batch, caps, c0, c1, opt, f, n, R, ring, bw, cb, comm, accumulate
                 for a, c, r, o in zip(c0, c1, rs, opt)]
         slow = max(range(R), key=busy.__getitem__)
         last = c0[slow] + c1[slow] * max(rs[slow][-1][0], 1)
-        return busy[slow] + max(0.0, 2 * ring * 4 * n['total'] / bw - 2 / 3 * last), share, rs
+        return busy[slow] + max(0.0, _all_reduce(n, R, ring, bw) - 2 / 3 * last), share, rs
     gather, reduce, host_add = comm
     best, K = None, math.ceil(batch / sum(caps))
     while K <= batch:

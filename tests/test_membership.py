@@ -5,14 +5,13 @@ import time
 import pytest
 
 from trainer import (ROOT, TINY, latest_checkpoint, load_params, make_dataset, max_rel_diff, metrics,
-                     one_error_line, run_train)
+                     one_error_line, plan_rows, run_train)
 
 # Longer sequences than TINY's, so that activations, not the process, decide what fits in a few
 # hundred MiB: 6 layers × 64 wide × 1024 tokens, float32.
 WIDE = [a for a in TINY if not a.startswith(('--n_layer', '--n_embd', '--block_size'))] + [
     '--n_layer=6', '--n_embd=64', '--block_size=1024', '--batch_size=8', '--max_iters=3',
     '--eval_interval=100', '--eval_iters=1']
-TABLE = r'^\s*(\d+)\s+\d+\s+cpu\s+(\d+)\s+(\d+)×(\d+)\s+(yes|no)\s+pred'
 
 
 @pytest.fixture(scope='module')
@@ -26,8 +25,7 @@ def work(tmp_path_factory):
 def plan_and_first_step(stdout):
     # The plan table's rows: rank -> (share, micro-batch, count, checkpointing); and what each rank
     # says it ran in the first step: rank -> micro-batch sizes
-    table = {int(m[1]): (int(m[2]), int(m[3]), int(m[4]), m[5] == 'yes')
-             for m in re.finditer(TABLE, stdout, re.M)}
+    table = plan_rows(stdout)
     first = stdout[stdout.index('iter 1: loss'):stdout.index('iter 2: loss')]
     ran = {int(m[1]): [int(x) for x in m[2].split('+')]
            for m in re.finditer(r'rank (\d+): \d+ seq in ([\d+]+)', first)}

@@ -3,7 +3,8 @@ import re
 
 import pytest
 
-from trainer import TINY, latest_checkpoint, load_params, make_dataset, max_rel_diff, run_train, train_losses
+from trainer import (TINY, latest_checkpoint, load_params, make_dataset, max_rel_diff, plan_rows, run_train,
+                     train_losses)
 
 COMMON = TINY + ['--batch_size=8', '--max_iters=3', '--eval_interval=100']
 
@@ -101,8 +102,7 @@ def test_the_split_in_the_plan_table_is_the_split_the_first_step_runs(work, stra
                   f'--micro_batch_size={micro_batch}', '--rebalance_interval=2',
                   '--balance=auto', nproc=2, faults=True,
                   env={'HETGPT_TEST_SLOW_RANK': '1:0.05'})
-    table = {int(m[1]): (int(m[2]), int(m[3]), int(m[4])) for m in re.finditer(
-        r'^\s*(\d+)\s+\d+\s+cpu\s+(\d+)\s+(\d+)×(\d+)\s+(?:yes|no)\s+pred', p.stdout, re.M)}
+    table = {rank: row[:3] for rank, row in plan_rows(p.stdout).items()}
     first_step = p.stdout[p.stdout.index('iter 1: loss'):p.stdout.index('iter 2: loss')]
     ran = {int(m[1]): [int(x) for x in m[3].split('+')] for m in re.finditer(
         r'rank (\d+): (\d+) seq in ([\d+]+)', first_step)}
