@@ -214,19 +214,26 @@ def train_knobs():
 
 @functools.lru_cache(maxsize=None)
 def optimizer_state_bytes():
-    # Optimizer state per parameter (AdamW: 8), measured: one training step with
+    # Optimizer state per element of each parameter (AdamW: 8), measured: one training step with
     # model.make_optimizer, the optimizer train.py builds, on a small model; scalars such as
-    # AdamW's step count are left out. (The step also loads what any step loads: torch's lazily
-    # imported modules, autograd's and the kernels' first buffers.)
+    # AdamW's step count are left out. Per parameter, since make_optimizer may give each its own
+    # optimizer (Muon on the blocks' matrices: 4, AdamW on the rest: 8): (one block's, the
+    # root's), in the order of _shapes, which the real model's parameters share. (The step also
+    # loads what any step loads: torch's lazily imported modules, autograd's and the kernels'
+    # first buffers.)
     net = network.GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=8, vocab_size=64), 0)
     optimizers = network.make_optimizer(net, train_knobs())
     idx = torch.arange(16).view(2, 8) % 64
     net(idx, idx)[1].backward()
     for opt in optimizers:
         opt.step()
-    state = [t for opt in optimizers for st in opt.state.values() for t in st.values()
-             if torch.is_tensor(t) and t.numel() > 1]
-    return _storage_bytes(state, set()) / sum(p.numel() for p in net.parameters())
+    state = {p: st for opt in optimizers for p, st in opt.state.items()}
+    per = {id(p): _storage_bytes([t for t in state.get(p, {}).values()
+                                  if torch.is_tensor(t) and t.numel() > 1], set()) / p.numel()
+           for p in net.parameters()}
+    block = [id(p) for p in net.transformer.h[0].parameters()]
+    return (tuple(per[i] for i in block),
+            tuple(per[id(p)] for p in net.parameters() if id(p) not in set(block)))
 
 
 @functools.lru_cache(maxsize=None)

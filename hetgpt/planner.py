@@ -71,6 +71,15 @@ def _sharded(shapes, n):
     return sum(math.ceil(s[0] / n) * math.prod(s[1:]) for s in shapes)
 
 
+def _optimizer_state(n, N, shard):
+    # The optimizer's state on one rank: each parameter's (its shard's) elements at what
+    # model.make_optimizer keeps for that parameter (costs.optimizer_state_bytes, measured)
+    size = (lambda s: math.ceil(s[0] / N) * math.prod(s[1:])) if shard else math.prod
+    block, root = optimizer_state_bytes()
+    return (n['layers'] * sum(b * size(s) for b, s in zip(block, n['block_shapes']))
+            + sum(b * size(s) for b, s in zip(root, n['root_shapes'])))
+
+
 def _pinned(shapes, n):
     # Pinned host bytes of the fp32 shards: the CUDA caching host allocator rounds every block up
     # to a power of two (FSDP2 pins each parameter's shard, and each gradient copied back to it).
@@ -90,7 +99,7 @@ def estimate(model_config, strategy, micro_batch, world_size, dtype='bfloat16', 
     # ZeRO's 16 B/param). DDP (gradient_as_bucket_view: the grads are the buckets) keeps them all;
     # FSDP2 shards all three by N (fp32 shards; reduce_dtype fp32).
     mine = _sharded(n['block_shapes'], N) * L + _sharded(n['root_shapes'], N) if f['shard'] else P
-    optim = round(optimizer_state_bytes() * mine)
+    optim = round(_optimizer_state(n, N, f['shard']))
     part = dict(params=4 * mine, grads=4 * mine, optim=optim)
     # FSDP2 accumulating without sync (set_requires_gradient_sync(False)) keeps every parameter's
     # gradient unsharded in reduce_dtype (fp32) on the device until the reduce-scatter
@@ -381,9 +390,9 @@ def _evaluate_one(cfg, batch, ranks, strategy, mbs, dtype, inter_node_bw, accumu
     # CPU ranks), where the ranks of a node share its memory bandwidth. It streams p, g and its
     # state in, p and the state out; clipping reads g.
     on_host = lambda r: f['offload'] or r['device'] == 'cpu'
-    step_bytes = 16 + 2 * optimizer_state_bytes()
-    opt = [step_bytes * mine * (per_node[r['node']] / HOST_ADAM_BW if on_host(r)
-                                else 1 / (_dev(r)['hbm'] * 1e9 * HBM_EFFICIENCY)) for r in ranks]
+    step_bytes = 16 * mine + 2 * _optimizer_state(n, R, f['shard'])
+    opt = [step_bytes * (per_node[r['node']] / HOST_ADAM_BW if on_host(r)
+                         else 1 / (_dev(r)['hbm'] * 1e9 * HBM_EFFICIENCY)) for r in ranks]
     bw, ring = _bandwidth(ranks, inter_node_bw), (R - 1) / R
     cb = 4 if dtype in ('float32', 'fp32') else 2
     if batch > EXACT:  # the same, in closed form: micro-batches as runs of equal sizes

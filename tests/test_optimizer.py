@@ -109,3 +109,28 @@ def test_make_optimizer_takes_the_config():
     assert sum(p.numel() for g in opt.param_groups for p in g['params']) == \
         sum(p.numel() for p in net.parameters())
     assert torch.optim.AdamW is type(opt)
+
+
+def test_the_plan_counts_each_parameters_optimizer_state(monkeypatch):
+    # Muon keeps one momentum (4 bytes per element) for the blocks' matrices, AdamW two moments (8)
+    # for the rest: the planner's optimizer state is that sum over the real model's parameters,
+    # not a small model's average applied to all of them
+    import model
+    from hetgpt import costs, planner
+
+    def muon_and_adamw(net, config):  # as MUON's edit splits the parameters
+        blocks = {p for n, p in net.named_parameters() if '.h.' in n and p.dim() == 2}
+        return [torch.optim.Muon(list(blocks), lr=0.02),
+                torch.optim.AdamW([p for p in net.parameters() if p not in blocks], lr=1e-3)]
+
+    monkeypatch.setattr(model, 'make_optimizer', muon_and_adamw)
+    costs.optimizer_state_bytes.cache_clear()
+    try:
+        cfg = model.GPTConfig(n_layer=6, n_head=4, n_embd=128, block_size=64, vocab_size=4096)
+        with torch.device('meta'):
+            net = model.GPT(cfg)
+        expected = sum((4 if '.h.' in n and p.dim() == 2 else 8) * p.numel()
+                       for n, p in net.named_parameters())
+        assert planner.estimate(cfg, 'ddp', 1, 1)['optim'] == expected
+    finally:
+        costs.optimizer_state_bytes.cache_clear()

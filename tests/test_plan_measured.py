@@ -268,7 +268,7 @@ def test_optimizer_state_follows_the_optimizer_train_py_builds(monkeypatch, name
         state = sum(t.nbytes for o in optimizers for st in o.state.values() for t in st.values()
                     if torch.is_tensor(t) and t.dim() > 0)
         per_param = state / sum(p.numel() for p in layer.parameters())
-        assert costs.optimizer_state_bytes() == pytest.approx(per_param)
+        assert all(b == pytest.approx(per_param) for b in sum(costs.optimizer_state_bytes(), ()))
         assert planner.estimate(CFG, 'ddp', 1, 1)['optim'] == pytest.approx(
             per_param * costs.counts(CFG)['total'], abs=1)
     finally:
@@ -304,7 +304,7 @@ def test_a_whole_matrix_optimizer_is_never_sharded(monkeypatch):
         forget_the_optimizer()  # (OrthogonalSGD's state, none, must not stay planned)
         monkeypatch.undo()
     assert costs.optimizer_updates_shards_alone()  # AdamW, as model.py has it
-    assert costs.optimizer_state_bytes() == 8
+    assert set(sum(costs.optimizer_state_bytes(), ())) == {8}
 
 
 def test_a_forward_the_trace_cannot_run_is_one_line(monkeypatch, capsys):
