@@ -167,8 +167,9 @@ if model_args.block_size < block_size:
 if device_type == 'cuda':  # NCCL's buffers, made at its first collective
     dist.all_reduce(torch.zeros(1, device=device))  # (this_rank counts them)
 stated = hardware.stated_memory(local_rank, device_type)  # HETGPT_MEM_GIB
-costs.optimizer_state_bytes()  # (loads what a step loads, then we measure)
-ranks = gather(hardware.this_rank(device_type, rank, local_world, stated))
+host_bw = costs.host_step_rate(device_type)  # (after it: we measure)
+ranks = gather(hardware.this_rank(device_type, rank, local_world, stated,
+                                  host_bw))
 run_plan = planner.make_plan(
     model_args, batch_size, ranks, plan=plan, micro_batch_size=micro_batch_size,
     memory_fraction=memory_fraction, dtype=dtype, weights=weights,

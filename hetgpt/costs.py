@@ -11,6 +11,7 @@ import inspect
 import itertools
 import math
 import os
+import time
 import weakref
 from dataclasses import replace
 
@@ -234,6 +235,33 @@ def optimizer_state_bytes():
     block = [id(p) for p in net.transformer.h[0].parameters()]
     return (tuple(per[i] for i in block),
             tuple(per[id(p)] for p in net.parameters() if id(p) not in set(block)))
+
+
+def host_step_rate(device_type, elements=2**24):
+    # Bytes/s of model.make_optimizer's step on this process's CPU, counted as the planner counts
+    # a step (weights and gradients 16 bytes per element, its state read and written): what an
+    # offloaded step costs on this GPU host, measured by each rank at start-up, all at once (each
+    # with the threads torchrun gives it: OMP_NUM_THREADS=1). 2**24 elements: 256 MB with AdamW's
+    # state, beyond the caches. None on a CPU rank: its planned step is a guess (planner). Either
+    # way it first loads what any step loads (optimizer_state_bytes).
+    optimizer_state_bytes()
+    if device_type != 'cuda':
+        return None
+    net = torch.nn.Module()
+    net.weight = torch.nn.Parameter(torch.zeros(elements // 4096, 4096))
+    net.weight.grad = torch.ones_like(net.weight)
+    optimizers = network.make_optimizer(net, train_knobs())
+    for opt in optimizers:  # (the first step makes the state)
+        opt.step()
+    seconds = math.inf
+    for _ in range(3):  # the fastest of three: a shared machine's noise only slows a step
+        start = time.perf_counter()
+        for opt in optimizers:
+            opt.step()
+        seconds = min(seconds, time.perf_counter() - start)
+    state = _storage_bytes([t for opt in optimizers for st in opt.state.values()
+                            for t in st.values() if torch.is_tensor(t) and t.numel() > 1], set())
+    return (16 * elements + 2 * state) / seconds
 
 
 @functools.lru_cache(maxsize=None)

@@ -62,6 +62,19 @@ GPUS = {  # name: _gpu(MiB, bf16, fp16, tf32, fp32, hbm, host, p2p, net)
 
 UNKNOWN_GPU = _gpu(0, 50, 50, 25, 12, 1000, 15.75, 15.75)  # not in the table (mem must be given)
 
+# The host CPUs of each part's reference system, for the dry run's offloaded optimizer step (a
+# GPU rank measures its own at start-up): memory bandwidth per node, GB/s, from the CPUs'
+# datasheets (channels × MT/s × 8 bytes × sockets). DGX A100: 2 AMD EPYC 7742, 8 channels of
+# DDR4-3200 each; DGX H100/H200: 2 Intel Xeon Platinum 8480C, 8 of DDR5-4800; DGX-1 V100: 2 Xeon
+# E5-2698 v4, 4 of DDR4-2400; GH200: Grace's LPDDR5X, up to 512 GB/s (GH200 datasheet).
+HOST_BW = {'A100-80GB': 409.6, 'A100-40GB': 409.6, 'H100-SXM': 614.4, 'H200': 614.4,
+           'V100-32GB': 153.6, 'V100-16GB': 153.6, 'GH200': 512, 'GH200-144GB': 512}
+# One thread's fused AdamW step (what each rank has under torchrun, OMP_NUM_THREADS=1), as
+# costs.host_step_rate counts it: 25.1-38.9 GB/s in six runs on this project's CPU machine (an AMD
+# EPYC, torch 2.13; bench/RESULTS.md); the least. A node's step: the lesser of its ranks' threads
+# and its memory.
+HOST_THREAD_BW = 25
+
 
 def gpu_key(name):
     # torch.cuda.get_device_name() -> a GPUS key, or None. Also accepts a key in any case.
@@ -243,11 +256,12 @@ def outside_allocator():
 BACKENDS = {'cuda': 'cpu:gloo,cuda:nccl', 'cpu': 'gloo'}
 
 
-def this_rank(device_type, rank, local_world, stated=None):
+def this_rank(device_type, rank, local_world, stated=None, host_bw=None):
     # What this rank has, for make_plan: its device and memory (stated: no more than this), and its
     # node's host memory. A GPU rank calls it after its first collective on the device: the memory
     # in use then but not in PyTorch's allocator (CUDA context, NCCL's buffers, other processes) is
-    # its measured overhead.
+    # its measured overhead; host_bw: its optimizer step's bytes/s on the host CPU, measured
+    # (costs.host_step_rate).
     # (host_from: where the host figure came from, for the plan's table)
     host = stated_host_memory()
     host, host_from = (host, 'stated (HETGPT_HOST_MEM_GIB)') if host else (
@@ -264,7 +278,7 @@ def this_rank(device_type, rank, local_world, stated=None):
     # rank's own overhead then counts against what it may use.)
     return dict(device='cuda', node=rank // local_world, host_mem=host, host_from=host_from,
                 gpu=gpu_key(torch.cuda.get_device_name()), mem=stated or total,
-                overhead=None if stated else outside_allocator())
+                overhead=None if stated else outside_allocator(), host_bw=host_bw)
 
 
 def resolve(device, dtype, compile, local_rank):

@@ -19,7 +19,7 @@ from hetgpt.errors import die
 from hetgpt import costs
 from hetgpt.costs import (_config, activation_bytes, counts, flops_per_sequence,
                    optimizer_state_bytes, optimizer_updates_shards_alone)
-from hetgpt.hardware import GPUS, UNKNOWN_GPU, peak_flops
+from hetgpt.hardware import GPUS, HOST_BW, HOST_THREAD_BW, UNKNOWN_GPU, peak_flops
 from model import LOSS_CHUNK, GPTConfig
 
 GiB = 2**30
@@ -33,7 +33,7 @@ COLLECTIVE_S = 50e-6   # one NCCL collective's start-up: a 4-byte all-reduce ove
                        # takes 47 us (nccl#1244); it bounds what small messages cost
 PCIE_EFFICIENCY = 0.7  # pinned copies / PCIe nominal (A100 H2D 25 of 31.5, H100 35-53 of 63 GB/s)
 HBM_EFFICIENCY = 0.7   # fused AdamW's streaming / HBM peak
-HOST_ADAM_BW = 100e9   # bytes/s per node for the CPU AdamW step (memory bound; not measured)
+HOST_ADAM_BW = 100e9   # bytes/s per node of the CPU's optimizer step where nothing says (a guess)
 LAUNCH_S = 1e-4        # seconds per layer per micro-batch (forward + backward kernel launches)
 FSDP_GROUP_S = 2e-4    # seconds per FSDP group per micro-batch: hooks, copy-in/copy-out
 CPU_FLOPS = 1e11       # FLOP/s of a CPU rank when not measured (2 AVX-512 cores, float32)
@@ -316,6 +316,22 @@ def _bandwidth(ranks, inter_node_bw):
     return intra if len(nics) == 1 else min(intra, NIC_EFFICIENCY * min(nics.values()))
 
 
+def _host_bw(ranks):
+    # Bytes/s per node of the optimizer's step on its host CPU (offload; a CPU rank's step): what
+    # its GPU ranks measured at start-up, each its own step, all at once (hardware.this_rank),
+    # summed; in a dry run, its ranks' threads (one each under torchrun) or its reference
+    # system's memory, the lesser (hardware.HOST_BW); else HOST_ADAM_BW.
+    bw, nodes = Counter(), Counter(r['node'] for r in ranks)
+    for r in ranks:
+        bw[r['node']] += r.get('host_bw') or 0
+    for r in ranks:
+        if not bw[r['node']]:
+            known = HOST_BW.get(r['gpu']) if r['device'] == 'cuda' else None
+            bw[r['node']] = min(nodes[r['node']] * HOST_THREAD_BW, known) * 1e9 if known \
+                else HOST_ADAM_BW
+    return bw
+
+
 def _evaluate(cfg, batch, ranks, strategy, mbs, dtype, inter_node_bw, weights=None, choose=True):
     # FSDP accumulates in one of two ways: reduce-scatter after every micro-batch (gradients stay
     # sharded), or accumulate unsharded fp32 gradients and reduce once per step (+4P bytes, fewer
@@ -391,7 +407,8 @@ def _evaluate_one(cfg, batch, ranks, strategy, mbs, dtype, inter_node_bw, accumu
     # state in, p and the state out; clipping reads g.
     on_host = lambda r: f['offload'] or r['device'] == 'cpu'
     step_bytes = 16 * mine + 2 * _optimizer_state(n, R, f['shard'])
-    opt = [step_bytes * (per_node[r['node']] / HOST_ADAM_BW if on_host(r)
+    host = _host_bw(ranks)
+    opt = [step_bytes * (per_node[r['node']] / host[r['node']] if on_host(r)
                          else 1 / (_dev(r)['hbm'] * 1e9 * HBM_EFFICIENCY)) for r in ranks]
     bw, ring = _bandwidth(ranks, inter_node_bw), (R - 1) / R
     cb = 4 if dtype in ('float32', 'fp32') else 2
@@ -465,7 +482,8 @@ def _comm(f, n, R, ring, bw, cb, ranks, per_node, accumulate, mine):
     reduce = ring * 4 * n['total'] / bw + start + (4 * mine / pcie if f['offload'] else 0)
     host_add = 0.0
     if f['offload'] and not accumulate:
-        host_add = 4 * mine / pcie + 12 * mine * max(per_node.values()) / HOST_ADAM_BW
+        host = _host_bw(ranks)
+        host_add = 4 * mine / pcie + max(12 * mine * k / host[node] for node, k in per_node.items())
     return gather, reduce, host_add
 
 

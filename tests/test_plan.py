@@ -237,6 +237,11 @@ def flops_per_token(cfg):
     return 6 * (exact_params(cfg) - cfg.block_size * cfg.n_embd) + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
 
 
+# The host CPU of a DGX H200 with one rank: one thread's step, below its memory's (2 Xeon 8480C,
+# 8 channels of DDR5-4800 each)
+H200_HOST = min(hardware.HOST_THREAD_BW * 1e9, 2 * 8 * 4.8e9 * 8)
+
+
 def test_offload_on_one_gpu_pays_its_pcie_copies():
     # One rank: no ring, but every micro-batch still copies the fp32 parameters to the GPU before
     # the forward's and again before the backward's all-gather, and the fp32 gradients back.
@@ -246,7 +251,7 @@ def test_offload_on_one_gpu_pays_its_pcie_copies():
     copies = (2 * 4 * P + 4 * P) / pcie
     compute = L * planner.LAUNCH_S + (L + 1) * planner.FSDP_GROUP_S + \
         s * flops_per_token(cfg) / (989e12 * planner.EFFICIENCY)
-    adam = ADAMW_STEP_BYTES * P / planner.HOST_ADAM_BW        # on the host
+    adam = ADAMW_STEP_BYTES * P / H200_HOST                     # on the host
     assert copies > 3 * compute                                 # what the old model dropped
     p = planner.make_plan(cfg, 1, cluster('H200', 1, host_gib=1024), plan='fsdp+offload')
     assert p.fits and p.step_time == pytest.approx(max(copies, compute) + adam, rel=1e-6)
@@ -260,8 +265,8 @@ def test_offload_accumulation_adds_gradients_on_the_host():
     pcie = 63e9 * planner.PCIE_EFFICIENCY
     per_micro_batch = max((2 * 4 * P + 4 * P) / pcie, L * planner.LAUNCH_S + (L + 1) * planner.FSDP_GROUP_S
                           + 2 * s * flops_per_token(cfg) / (989e12 * planner.EFFICIENCY))
-    host_add = 4 * P / pcie + 12 * P / planner.HOST_ADAM_BW
-    adam = ADAMW_STEP_BYTES * P / planner.HOST_ADAM_BW
+    host_add = 4 * P / pcie + 12 * P / H200_HOST
+    adam = ADAMW_STEP_BYTES * P / H200_HOST
     ranks = planner._normalise(cluster('H200', 1, host_gib=1024), 0.9)
     r = planner._evaluate_one(cfg, 2 * K, ranks, 'fsdp+offload', 2, 'bfloat16', None, accumulate=False)
     assert r['sizes'] == [[2] * K]
@@ -361,6 +366,46 @@ def test_identical_ranks_are_one_row_of_the_plan_table():
     assert rows == [['0-1', '0', 'A100-80GB'], ['2-3', '1', 'V100-32GB']], rows
 
 
+def test_the_host_step_is_measured_as_make_optimizer_steps(monkeypatch):
+    # costs.host_step_rate times model.make_optimizer's step on this CPU: an optimizer whose step
+    # takes 0.2 s can only measure at most its bytes (16 per element: no state) per 0.2 s. A CPU
+    # rank does not measure.
+    import model
+
+    class Slow(torch.optim.SGD):
+        def step(self, closure=None):
+            time.sleep(0.2)
+            return super().step(closure)
+
+    assert costs.host_step_rate('cpu') is None
+    monkeypatch.setattr(model, 'make_optimizer', lambda net, config: [Slow(net.parameters(), lr=0.1)])
+    costs.optimizer_state_bytes.cache_clear()
+    try:
+        assert 0 < costs.host_step_rate('cuda', elements=2**20) <= 16 * 2**20 / 0.2
+    finally:
+        costs.optimizer_state_bytes.cache_clear()
+
+
+def test_the_offloaded_step_runs_at_the_hosts_rate():
+    # What the ranks measured, summed per node; in a dry run a node's ranks get a thread each
+    # (torchrun: OMP_NUM_THREADS=1) at one thread's rate, up to its memory: DGX A100's two EPYC
+    # 7742 with 8 channels of DDR4-3200 each, 2 × 8 × 3.2e9 × 8 bytes/s
+    measured = [dict(r, host_bw=3e9 if r['node'] else 5e9) for r in cluster('A100-80GB', 16)]
+    assert planner._host_bw(planner._normalise(measured, 0.9)) == {0: 8 * 5e9, 1: 8 * 3e9}
+    dgx_a100 = 2 * 8 * 3.2e9 * 8
+    one_node = planner._normalise(cluster('A100-80GB', 8), 0.9)
+    assert planner._host_bw(one_node)[0] == min(8 * hardware.HOST_THREAD_BW * 1e9, dgx_a100)
+    crowded = planner._normalise(cluster('A100-80GB', 24, per_node=24), 0.9)
+    assert planner._host_bw(crowded)[0] == dgx_a100
+    cpu = planner._normalise([dict(device='cpu', mem=8 * GiB)] * 2, 0.9)
+    assert planner._host_bw(cpu)[0] == planner.HOST_ADAM_BW
+    # a slower host, a slower offloaded step
+    cfg, batch = load('gpt_1p3b')
+    slow, fast = (planner.make_plan(cfg, batch, [dict(r, host_bw=bw) for r in cluster('A100-80GB', 8)],
+                                    plan='fsdp+offload').step_time for bw in (2e9, 20e9))
+    assert slow > fast
+
+
 def test_cuda_overhead_is_measured_at_start_up(monkeypatch):
     # What is in use on the device but not in PyTorch's allocator after the first collective (CUDA
     # context, NCCL buffers) is the rank's overhead, in place of the 1 GiB guess.
@@ -369,8 +414,9 @@ def test_cuda_overhead_is_measured_at_start_up(monkeypatch):
     monkeypatch.setattr(torch.cuda, 'mem_get_info', lambda *a: (free, total))
     monkeypatch.setattr(torch.cuda, 'memory_reserved', lambda *a: reserved)
     monkeypatch.setattr(torch.cuda, 'get_device_name', lambda *a: 'NVIDIA H200')
-    me = hardware.this_rank('cuda', 0, 1)
+    me = hardware.this_rank('cuda', 0, 1, host_bw=7e9)  # (train.py: costs.host_step_rate)
     assert me['gpu'] == 'H200' and me['mem'] == total and me['overhead'] == total - free - reserved
+    assert me['host_bw'] == 7e9
     cfg, _ = load('gpt_111m')
     with_it, without = (planner.estimate(cfg, 'ddp', 1, 1, overhead=o)['total'] for o in (me['overhead'], 0))
     assert with_it - without == me['overhead']
