@@ -327,7 +327,7 @@ def test_between_nodes_nccl_drives_every_nic_of_a_node():
     assert fast.step_time < slow.step_time
 
 
-def test_a_small_collective_costs_ncclss_start_up():
+def test_a_small_collective_costs_nccls_start_up():
     # A 4-byte all-reduce over 2 nodes of 8 GPUs takes 47 us (nccl#1244, NCCL 2.21): what DDP's
     # all-reduce of a few bytes is predicted to take, bandwidth being no part of it
     ranks = planner._normalise(cluster('H100-SXM', 16), 0.9)
