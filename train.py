@@ -167,7 +167,7 @@ if model_args.block_size < block_size:
 if device_type == 'cuda':  # NCCL's buffers, made at its first collective
     dist.all_reduce(torch.zeros(1, device=device))  # (this_rank counts them)
 stated = hardware.stated_memory(local_rank, device_type)  # HETGPT_MEM_GIB
-host_bw = costs.host_step_rate(device_type)  # (after it: we measure)
+host_bw = costs.host_step_rate(device_type)  # (before this_rank measures)
 ranks = gather(hardware.this_rank(device_type, rank, local_world, stated,
                                   host_bw))
 run_plan = planner.make_plan(
