@@ -18,7 +18,7 @@ import time
 import pytest
 
 from make_ckpt import make_checkpoint
-from trainer import ROOT, TINY, make_dataset, one_error_line, train_command
+from trainer import ROOT, TINY, make_dataset, one_error_line, plan_rows, train_command
 
 
 def no_hub(tmp_path, how):
@@ -207,9 +207,10 @@ def test_plan_reads_gradient_accumulation_as_nanogpt(tmp_path, capsys):
     assert plan.main([str(config), '--gpus', '2xA100-80GB']) == 0
     table = capsys.readouterr().out
     assert 'batch 480 × 128 tokens' in table  # 12 × 40, whatever the number of ranks
-    shares = re.findall(r'^\s+\d+\s+\d+\s+A100-80GB\s+(\d+)\s+12×(\d+) ', table, re.M)
-    assert len(shares) == 2 and sum(int(s) for s, _ in shares) == 480, table
-    assert all(int(s) == 12 * int(n) for s, n in shares)  # micro-batches of 12, as nanoGPT's
+    rows = plan_rows(table, 'A100-80GB')
+    assert sorted(rows) == [0, 1] and sum(share for share, *_ in rows.values()) == 480, table
+    # micro-batches of 12, as nanoGPT's
+    assert all(micro == 12 and share == 12 * count for share, micro, count, _ in rows.values())
     # without it, batch_size is the global batch as always
     config.write_text('batch_size = 12\nn_layer = 2\nn_head = 2\nn_embd = 64\nblock_size = 128\n')
     assert plan.main([str(config), '--gpus', '2xA100-80GB']) == 0

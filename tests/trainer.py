@@ -75,15 +75,16 @@ def run_here(monkeypatch, capfd, script, *args):
     return subprocess.CompletedProcess(sys.argv, e.value.code, out, err)
 
 
-# A row of the plan table on CPU ranks: its rank (or a span of ranks that print alike, "0-3"),
-# node(s), device, share, micro-batch × count, ac
-PLAN_ROW = r'^\s*(\d+)(?:-(\d+))?\s+[\d-]+\s+cpu\s+(\d+)\s+(\d+)×(\d+)\s+(yes|no)\s+pred'
+# A row of the plan table: its rank (or a span of ranks that print alike, "0-3"), node(s),
+# device, share, micro-batch × count, ac
+PLAN_ROW = r'^\s*(\d+)(?:-(\d+))?\s+[\d-]+\s+{}\s+(\d+)\s+(\d+)×(\d+)\s+(yes|no)\s+pred'
 
 
-def plan_rows(stdout):
-    # rank -> (share, micro-batch, count of micro-batches, ac) for each rank in the plan table
+def plan_rows(stdout, device='cpu'):
+    # rank -> (share, micro-batch, count of micro-batches, ac) for each rank on `device` (cpu, or
+    # a GPU's name) in the plan table
     rows = {}
-    for m in re.finditer(PLAN_ROW, stdout, re.M):
+    for m in re.finditer(PLAN_ROW.format(re.escape(device)), stdout, re.M):
         for rank in range(int(m[1]), int(m[2] or m[1]) + 1):
             rows[rank] = (int(m[3]), int(m[4]), int(m[5]), m[6] == 'yes')
     return rows
