@@ -8,6 +8,7 @@ import socket
 import sys
 
 from hetgpt.ckpt import checkpoints, damaged, read_meta
+from hetgpt import signals
 from hetgpt.errors import die
 
 
@@ -32,6 +33,7 @@ def _stale(owner):
 
 
 def lock(out_dir):
+    signals.claimed = True  # a stop from here on releases the lock (atexit)
     path = os.path.join(out_dir, '.lock')
     me = {'pid': os.getpid(), 'host': socket.gethostname(), 'start': _start_time(os.getpid()),
           'job': os.environ.get('TORCHELASTIC_RUN_ID')}

@@ -3,17 +3,35 @@ Stop signals: Ctrl-C, preemption (SIGTERM) or Slurm's warning (SIGUSR1). While s
 and nothing written; while training, noted, and the run checkpoints at the end of the step.
 (Imported before torch: a signal may come while torch is imported.)
 """
+import os
 import signal
+import sys
 
-from hetgpt.errors import die
+from hetgpt.errors import die, say
 
 STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+claimed = False  # out_dir locked (rundir.lock): from then on a stop exits through atexit
 
 
 def starting():
     for sig in STOPS:
-        signal.signal(sig, lambda signum, frame: die(
-            f"stopped by {signal.Signals(signum).name} while starting; nothing was written"))
+        signal.signal(sig, _stop_while_starting)
+
+
+def _stop_while_starting(signum, frame):
+    msg = f"stopped by {signal.Signals(signum).name} while starting; nothing was written"
+    if claimed:
+        die(msg)
+    # Nothing to undo yet: the process ends here, not by SystemExit, which may surface inside
+    # torch's import, where its C++ aborts on it (SIGABRT, seen once in CI). As die: torchrun's
+    # other local ranks leave the line to local rank 0.
+    if os.environ.get('LOCAL_RANK', '0') == '0' or int(os.environ.get('WORLD_SIZE', 1)) == 1:
+        say(f"error: {msg}")
+    try:
+        sys.stdout.flush()
+    except (OSError, RuntimeError):  # (the signal came inside a write to stdout)
+        pass
+    os._exit(2)
 
 
 class Signals(list):
