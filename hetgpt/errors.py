@@ -18,8 +18,13 @@ QUIET_WAIT = 5.0
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
 
+def speaks():
+    # Whether this process says a start-up mistake: one process alone, or its machine's local rank 0
+    return os.environ.get('LOCAL_RANK', '0') == '0' or int(os.environ.get('WORLD_SIZE', 1)) == 1
+
+
 def die(msg):
-    if os.environ.get('LOCAL_RANK', '0') != '0' and int(os.environ.get('WORLD_SIZE', 1)) > 1:
+    if not speaks():
         if in_signal_handler():
             sys.exit(2)
         try:  # a stop while waiting: silent

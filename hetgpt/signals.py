@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 
-from hetgpt.errors import die, say
+from hetgpt.errors import die, say, speaks
 
 STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 claimed = False  # out_dir locked (rundir.lock): from then on a stop exits through atexit
@@ -25,7 +25,7 @@ def _stop_while_starting(signum, frame):
     # Nothing to undo yet: the process ends here, not by SystemExit, which may surface inside
     # torch's import, where its C++ aborts on it (SIGABRT, seen once in CI). As die: torchrun's
     # other local ranks leave the line to local rank 0.
-    if os.environ.get('LOCAL_RANK', '0') == '0' or int(os.environ.get('WORLD_SIZE', 1)) == 1:
+    if speaks():
         say(f"error: {msg}")
     try:
         sys.stdout.flush()
