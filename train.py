@@ -17,6 +17,8 @@ from hetgpt import signals
 from hetgpt.errors import die
 answer_help(__file__)  # --help: the knobs below, read from this file
 signals.starting()  # a stop before training (imports included): one line
+# GPU memory in pages any tensor can reuse, as the planner budgets it
+os.environ.setdefault('PYTORCH_CUDA_ALLOC_CONF', 'expandable_segments:True')
 
 import numpy as np
 import torch
@@ -78,7 +80,7 @@ dtype = 'auto'         # 'auto' (bfloat16 where native, else float32), ...
 compile = True         # torch.compile each block and the loss
 plan = 'auto'          # 'auto' or a strategy: ddp, ddp+ac, fsdp, ... (plan.py)
 micro_batch_size = 0   # sequences per forward on each rank; 0: the plan's
-memory_fraction = 0.9  # of each device's memory the planner may use
+memory_fraction = 1.0  # of each device's memory to plan with
 init_device = 'auto'   # 'cpu': the model on the host first; 'meta': by shard
 balance = 'auto'       # the batch over ranks: 'auto' (by speed), 'even', '3,1'
 rebalance_interval = 50  # steps between re-splits by speed (balance=auto)

@@ -24,7 +24,6 @@ case " $* " in
             echo "error: $PY sees no CUDA GPU (torch $($PY -c 'import torch; print(torch.__version__)' 2>&1)):" \
                  "run it on the GPU host, or --dry-run here" >&2
             exit 1
-        fi
-        export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True} ;;
+        fi ;;  # (train.py sets the allocator's expandable segments itself)
 esac
 exec $PY bench/gpu_check.py "$@"

@@ -14,8 +14,10 @@ import torch
 from hetgpt.errors import die
 
 
-# GPUs. mem: total bytes as nvidia-smi reports them (MiB; ECC parts show a little less than the
-# marketed GB). TFLOPS are dense (datasheets print 2:4-sparsity figures: these are half of them).
+# GPUs. mem: total MiB as CUDA gives them (torch.cuda.mem_get_info's total, what a running rank
+# plans with), seen in users' out-of-memory messages: H100-SXM 79.11 GiB where nvidia-smi shows
+# 81,559 MiB (vllm#27508), A100-80GB 79.25 GiB (Vad-R1#11 on A100 80GB, OOTDiffusion#235). The
+# others: nvidia-smi's MiB, some 0.5-0.8 GiB above what CUDA gives (the probe step measures it). TFLOPS are dense (datasheets print 2:4-sparsity figures: these are half of them).
 # bf16/fp16: tensor cores, fp32 accumulate (GeForce cards run fp16 at twice that with fp16
 # accumulate, which training does not use). tf32: tensor-core TF32, what float32 matmuls reach
 # with torch.backends.cuda.matmul.allow_tf32 (resolve, below, sets it); fp32: CUDA cores.
@@ -40,9 +42,9 @@ GPUS = {  # name: _gpu(MiB, bf16, fp16, tf32, fp32, hbm, host, p2p, net)
     'H200-NVL':       _gpu(143771, 835, 835, 417, 60, 4800, 63, 450),       # NVLink bridge
     'GH200':          _gpu(97871, 989, 989, 494, 67, 4000, 450, 450, 25),   # "GH200 480GB"
     'GH200-144GB':    _gpu(146831, 989, 989, 494, 67, 4900, 450, 450, 25),  # HBM3e
-    'H100-SXM':       _gpu(81559, 989, 989, 494, 67, 3350, 63, 450, 50),    # NVLink 900 GB/s
+    'H100-SXM':       _gpu(81009, 989, 989, 494, 67, 3350, 63, 450, 50),    # NVLink 900 GB/s
     'H100-PCIe':      _gpu(81559, 756, 756, 378, 51, 2000, 63, 63),         # bridges pairs only
-    'A100-80GB':      _gpu(81920, 312, 312, 156, 19.5, 2039, 31.5, 300, 25),  # SXM4
+    'A100-80GB':      _gpu(81152, 312, 312, 156, 19.5, 2039, 31.5, 300, 25),  # SXM4
     'A100-40GB':      _gpu(40960, 312, 312, 156, 19.5, 1555, 31.5, 300, 25),  # SXM4
     'A100-PCIe-80GB': _gpu(81920, 312, 312, 156, 19.5, 1935, 31.5, 31.5),
     'A100-PCIe-40GB': _gpu(40960, 312, 312, 156, 19.5, 1555, 31.5, 31.5),

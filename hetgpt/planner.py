@@ -42,7 +42,17 @@ DDP_BUCKET = 25 * 2**20  # bytes per all-reduce: DDP's default bucket_cap_mb
 GPU_OVERHEAD = GiB     # outside the allocator: CUDA context, NCCL buffers (unless measured)
 PROCESS_HOST = 2 * GiB  # host bytes of one training process (Python, torch, CUDA host state)
 CPU_OVERHEAD = GiB // 2  # a CPU rank's process before any tensor
-ALLOC_SLACK = 0.05     # caching-allocator rounding and fragmentation, of what comes and goes
+ALLOC_SLACK = 0.05     # a CPU rank: malloc's arenas and fragmentation, of what comes and goes
+# A GPU's allocator, as train.py sets it (expandable_segments): each stream's two pools grow by
+# pages, 20 MiB for blocks over 1 MiB and 2 MiB for the rest (c10/cuda/CUDACachingAllocator.cpp),
+# and a page freed whole goes back before an out-of-memory, so what is lost to rounding is the
+# last, partly used page of each pool of each stream that allocates: the compute stream's, and
+# under FSDP2 its all-gather copy-in, all-gather and reduce-scatter streams' (blocks are rounded
+# to 512 bytes: under 2 MB for the 4,000 tensors of a 96-layer model's states, left out).
+ALLOC_PAGES = (20 + 2) * 2**20
+ALLOC_STREAMS = {False: 1, True: 4}  # by whether the strategy shards (FSDP2)
+HOST_FRACTION = 0.9    # of a host's memory (a CPU rank's, a node's): the kernel's and page
+                       # cache's share, which no process counts (a guess)
 
 # The rungs, cheapest first: each saves memory the one before it holds, at a cost in time.
 STRATEGIES = ('ddp', 'ddp+ac', 'fsdp-noreshard', 'fsdp', 'fsdp+ac', 'fsdp+offload',
@@ -142,7 +152,9 @@ def estimate(model_config, strategy, micro_batch, world_size, dtype='bfloat16', 
             (8 * math.ceil(Pb / N) if f['offload'] else 0)
     if overhead is None:
         overhead = GPU_OVERHEAD if device == 'cuda' else CPU_OVERHEAD
-    other = buffers + ALLOC_SLACK * (activations + buffers) + overhead
+    slack = ALLOC_STREAMS[f['shard']] * ALLOC_PAGES if device == 'cuda' else \
+        ALLOC_SLACK * (activations + buffers)
+    other = buffers + slack + overhead
     part.update(activations=activations, other=int(other))
     # The peak, not the sum of the parts: activations are freed as backward makes the gradients,
     # so both are held at once only when gradients outlive a step's forward: earlier micro-batches'
@@ -197,7 +209,7 @@ class Plan:
         # (all of the process)
         x = self.ranks[r]
         outside = x['overhead'] if overhead is None else overhead
-        return x['mem'] * x['fraction'] - (outside if x['device'] == 'cuda' else 0)
+        return x['budget'] - (outside if x['device'] == 'cuda' else 0)
 
     def record(self, probed):
         # rank 0's plan against its probe step (probe.probe's peak): metrics.jsonl's first row
@@ -227,7 +239,7 @@ class Plan:
             lines = [f" {r['gpu'] or r['device']:<14} {self.share[i]:>5} "
                      f"{mb:>9} {'yes' if self.ac[i] else 'no':<3} pred"
                      + ''.join(f"{g(p[k]):>8}" for k in parts)
-                     + f"{g(r['mem'] * r['fraction']):>8}{g(p['host']) if p['host'] else '-':>10}"
+                     + f"{g(r['budget']):>8}{g(p['host']) if p['host'] else '-':>10}"
                      + (f"{tps:>10,.0f}" if self.step_time else f"{'-':>10}")
                      + (f"{mfu:>6.0%}" if mfu else f"{'-':>6}")]
             if measured and i < len(measured) and measured[i]:
@@ -292,7 +304,12 @@ def _normalise(ranks, fraction):
         r['mem'] = r.get('mem') or GPUS[r['gpu']]['mem']
         if r.get('overhead') is None:
             r['overhead'] = GPU_OVERHEAD if r['device'] == 'cuda' else CPU_OVERHEAD
-        r['fraction'] = fraction
+        # What the planner may fill: a GPU's total as CUDA gives it (the estimate holds its
+        # context and the allocator's pages); of a host's, HOST_FRACTION. memory_fraction
+        # leaves the rest to another job.
+        host = 1 if r['device'] == 'cuda' else HOST_FRACTION
+        r['fraction'], r['budget'] = fraction, r['mem'] * fraction * host
+        r['host_budget'] = r['host_mem'] and r['host_mem'] * fraction * HOST_FRACTION
     return out
 
 
@@ -363,7 +380,7 @@ def _evaluate_one(cfg, batch, ranks, strategy, mbs, dtype, inter_node_bw, accumu
     def cap(r, s):  # the largest micro-batch under the budget (totals grow with it)
         key = (r['device'], r['mem'], r['overhead'], per_node[r['node']], s)
         if key not in memo:
-            budget, low, high = r['mem'] * r['fraction'], 0, batch
+            budget, low, high = r['budget'], 0, batch
             while low < high:
                 mid = (low + high + 1) // 2
                 low, high = (mid, high) if used(r, est(r, mid, s=s)) <= budget else (low, mid - 1)
@@ -379,11 +396,11 @@ def _evaluate_one(cfg, batch, ranks, strategy, mbs, dtype, inter_node_bw, accumu
     host_need = Counter()  # a node's host bytes: its GPU ranks' (CPU ranks: in their budget)
     for r in ranks:
         host_need[r['node']] += est(r, 0)['host_rank'] * (r['device'] == 'cuda')
-    host_ok = all(r['host_mem'] is None or host_need[r['node']] <= r['host_mem'] * r['fraction']
+    host_ok = all(r['host_mem'] is None or host_need[r['node']] <= r['host_budget']
                   for r in ranks)
     result = dict(strategy=strategy, accumulate=accumulate, caps=caps, host_need=host_need,
                   device_ok=min(caps) > 0, host_ok=host_ok,
-                  need=[(used(r, est(r, max(1, mbs))), r['mem'] * r['fraction']) for r in ranks])
+                  need=[(used(r, est(r, max(1, mbs))), r['budget']) for r in ranks])
     if not (result['device_ok'] and host_ok):
         return result
     # Time. Compute: FLOPs at peak × EFFICIENCY per sequence, plus launches per micro-batch.
@@ -559,15 +576,14 @@ def _advice(cfg, batch, ranks, plan, mbs, dtype, inter_node_bw, results):
     for r in results:
         if r['device_ok'] and not r['host_ok']:
             node = max(r['host_need'], key=r['host_need'].get)
-            host_mem = next(x['host_mem'] for x in ranks if x['node'] == node)
+            host_budget = next(x['host_budget'] for x in ranks if x['node'] == node)
             why += (f"{r['strategy']} fits the device but needs {r['host_need'][node] / GiB:,.0f} "
-                    f"GiB of host memory on node {node}, budget "
-                    f"{host_mem * ranks[0]['fraction'] / GiB:,.0f}")
+                    f"GiB of host memory on node {node}, budget {host_budget / GiB:,.0f}")
             break
     ways, needs = [], {}
     for r in results:
         if r['strategy'] in tried and flags(r['strategy'])['offload'] and r['device_ok']:
-            host = max(r['host_need'].values()) / ranks[0]['fraction']
+            host = max(r['host_need'].values()) / ranks[0]['fraction'] / HOST_FRACTION
             if host < needs.get('host_mem_per_node', math.inf):
                 needs['host_mem_per_node'] = host
                 ways.append(f"host memory >= {host / GiB:,.0f} GiB per node ({r['strategy']})")
@@ -623,7 +639,7 @@ def batch_of(batch_size, gradient_accumulation_steps=0, micro_batch_size=0):
 
 
 def make_plan(model_config, batch_size, ranks, plan='auto', micro_batch_size=0,
-              memory_fraction=0.9, dtype='bfloat16', inter_node_bw=None, weights=None,
+              memory_fraction=1.0, dtype='bfloat16', inter_node_bw=None, weights=None,
               init_device='auto'):
     # ranks: one dict per rank: device 'cuda'|'cpu', gpu (GPUS key or None), mem (device bytes the
     # rank may use; a CPU rank: its share of host memory), host_mem (its node's host bytes, None =

@@ -43,7 +43,9 @@ def exact_params(cfg):
 
 
 def budget(gpu):
-    return 0.9 * hardware.GPUS[gpu]['mem']
+    # a GPU's whole memory (memory_fraction 1.0): its context and the allocator's pages are in
+    # the plan's estimate
+    return hardware.GPUS[gpu]['mem']
 
 
 def per_sequence(cfg):
@@ -353,6 +355,39 @@ def test_a_sharded_model_on_64_gpus_runs_per_gpu_as_on_8_as_published():
         assert per_gpu[64] / per_gpu[8] == pytest.approx(published_change, rel=0.10), (size, per_gpu)
 
 
+def test_what_published_runs_held_fits():
+    # MosaicML's MPT 30B (48 × 7168) ran at micro-batch 3 under FSDP with activation checkpointing
+    # on 8 A100-80GB and on 8 H100s (bench/published.py): it fits as it ran. Planned against 90%
+    # of the GPU it did not (73.3 GiB against 72). The budget is what CUDA gives: 79.25 GiB on an
+    # A100-80GB, 79.11 on an H100 (users' out-of-memory messages, cited in hetgpt/hardware.py).
+    sys.path.insert(0, str(ROOT / 'bench'))
+    import published
+    for gpu, cuda_gives in (('A100-80GB', 79.25), ('H100-SXM', 79.11)):
+        p = published.plan_mpt('30b', gpu, 8, 3, 21, True)
+        assert p.fits and p.micro_batch == [3] * 8, gpu
+        assert p.ranks[0]['budget'] / GiB == pytest.approx(cuda_gives, abs=0.005)
+        # memory_fraction leaves the rest to another job: at half, 30B fits no more
+        ranks = cluster(gpu, 8)
+        half = planner.make_plan(published.mpt('30b'), 3 * 21 * 8, ranks, plan='fsdp+ac',
+                                 micro_batch_size=3, memory_fraction=0.5)
+        assert not half.fits and half.ranks[0]['budget'] == p.ranks[0]['budget'] / 2
+
+
+def test_the_allocator_s_rounding_is_pages_on_a_gpu_and_a_share_on_a_cpu():
+    # expandable segments (train.py) lose at most a last page per pool and stream, whatever the
+    # micro-batch: a GPU's 'other' (buffers, context, pages) does not grow with it. A CPU rank's
+    # malloc keeps 5% of what comes and goes: its 'other' grows by 5% of the activations'.
+    cfg, _ = load('gpt_111m')
+    est = lambda strategy, device, b: planner.estimate(cfg, strategy, b, 2, 'bfloat16', 2, GiB,
+                                                       device, False, 2)
+    for strategy in ('ddp', 'fsdp'):
+        small, large = est(strategy, 'cuda', 4), est(strategy, 'cuda', 8)
+        assert large['activations'] > small['activations'] and large['other'] == small['other']
+        small, large = est(strategy, 'cpu', 4), est(strategy, 'cpu', 8)
+        grew = large['activations'] - small['activations']
+        assert large['other'] - small['other'] == pytest.approx(0.05 * grew, abs=1)
+
+
 def test_identical_ranks_are_one_row_of_the_plan_table():
     # 512 sequences on 64 H100s on 8 nodes, 8 each: one row "0-63" on nodes "0-7"; 2 A100s and 2
     # V100s on two nodes: a row for each kind
@@ -428,8 +463,8 @@ def test_cuda_overhead_is_measured_at_start_up(monkeypatch):
 def test_a_stated_memory_is_the_rank_s_budget_and_its_probe_room(monkeypatch):
     # HETGPT_MEM_GIB=20,80 on a node of two H200s: local rank 0 plans with 20 GiB. What is in use
     # on its GPU may be the other job's, so its own overhead is the planner's default (1 GiB), and
-    # the probe step's room is 90% of 20 GiB less it; a CPU rank's room is 90% of its memory (its
-    # RSS counts the whole process).
+    # the probe step's room is the 20 GiB less it; a CPU rank's room is 90% of its memory (its
+    # RSS counts the whole process; the kernel keeps the rest).
     total = hardware.GPUS['H200']['mem']
     monkeypatch.setattr(torch.cuda, 'mem_get_info', lambda *a: (total // 2, total))
     monkeypatch.setattr(torch.cuda, 'memory_reserved', lambda *a: 0)
@@ -441,7 +476,7 @@ def test_a_stated_memory_is_the_rank_s_budget_and_its_probe_room(monkeypatch):
     cfg, _ = load('gpt_111m')
     p = planner.make_plan(cfg, 64, [tight, roomy, cpu])
     assert p.micro_batch[0] < p.micro_batch[1]
-    assert p.room(0) == 0.9 * 20 * GiB - GiB and p.room(1) == 0.9 * 80 * GiB - GiB
+    assert p.room(0) == 20 * GiB - GiB and p.room(1) == 80 * GiB - GiB
     assert p.room(2) == 0.9 * 3 * GiB
 
 
