@@ -237,6 +237,51 @@ def optimizer_state_bytes():
             tuple(per[id(p)] for p in net.parameters() if id(p) not in set(block)))
 
 
+@functools.lru_cache(maxsize=None)
+def step_bytes(config_items):
+    # The optimizer step's temporaries: bytes live during model.make_optimizer's step beyond the
+    # weights, gradients and state (none for fused AdamW, which updates in place; Muon's
+    # Newton-Schulz products of the matrix it works on; foreach kernels' copies of a whole
+    # group), measured on fake tensors at the real shapes with 1 and 2 layers, float32 weights:
+    # (per layer, fixed). An optimizer whose step reads a value (foreach AdamW's step count) is
+    # measured instead on the small model of optimizer_state_bytes, per element.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    cfg = GPTConfig(**dict(config_items))
+
+    def peak(cfg, layers, fake):
+        with FakeTensorMode() if fake else torch.device('cpu'):
+            net = network.GPT(replace(cfg, n_layer=layers))
+            for p in net.parameters():
+                p.grad = torch.zeros_like(p)
+            optimizers = network.make_optimizer(net, train_knobs())
+            for opt in optimizers:  # (the first step makes the state)
+                opt.step()
+            mine = [t for p in net.parameters() for t in (p, p.grad)] + [
+                t for opt in optimizers for st in opt.state.values() for t in st.values()
+                if torch.is_tensor(t)]
+            live = _LiveBytes({StorageWeakRef(t.untyped_storage()) for t in mine})
+            with live:
+                for opt in optimizers:
+                    opt.step()
+            return max(live.trace, default=0)
+
+    try:
+        one, two = peak(cfg, 1, True), peak(cfg, 2, True)
+        return two - one, 2 * one - two
+    except Exception:
+        small = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=8, vocab_size=64)
+        one, two = peak(small, 1, False), peak(small, 2, False)
+        n, real = counts(small), counts(cfg)
+        return ((two - one) / n['block'] * real['block'],
+                (2 * one - two) / n['root'] * real['root'])
+
+
+def step_bytes_of(model_config):
+    c = _config(model_config)
+    per_layer, fixed = _measured(step_bytes, tuple(sorted(vars(replace(c, n_layer=1)).items())))
+    return c.n_layer * per_layer + fixed
+
+
 def host_step_rate(device_type, elements=2**24):
     # Bytes/s of model.make_optimizer's step on this process's CPU, counted as the planner counts
     # a step (weights and gradients 16 bytes per element, its state read and written): what an

@@ -162,6 +162,14 @@ def estimate(model_config, strategy, micro_batch, world_size, dtype='bfloat16', 
     held = micro_batches > 1 or accumulate or (N > 1 and not f['shard'])
     grads_and_activations = part['grads'] + activations if held else max(part['grads'], activations)
     part['total'] = part['params'] + part['optim'] + int(other) + grads_and_activations
+    # The optimizer step, the activations gone: its temporaries (costs.step_bytes, measured; a
+    # shard's are its share) beside the states, on the host under offload
+    temporaries = costs.step_bytes_of(cfg) / (N if f['shard'] else 1)
+    if f['offload']:
+        host_rank += temporaries
+    else:
+        part['total'] = max(part['total'], sum(part[k] for k in ('params', 'grads', 'optim'))
+                            + int(other) + int(temporaries))
     part['host_rank'] = host_rank
     part['host'] = host_rank * (ranks_per_node or min(N, 8))
     return part

@@ -134,3 +134,44 @@ def test_the_plan_counts_each_parameters_optimizer_state(monkeypatch):
         assert planner.estimate(cfg, 'ddp', 1, 1)['optim'] == expected
     finally:
         costs.optimizer_state_bytes.cache_clear()
+
+
+def test_the_plan_counts_the_optimizer_step_s_temporaries(monkeypatch):
+    # Fused AdamW (make_optimizer's) updates in place: its step needs nothing beside the states.
+    # Muon orthogonalises each matrix's update in bfloat16 (Newton-Schulz): its step holds at
+    # least the float32 update of the largest block matrix and its bfloat16 copy, and at most a
+    # few of each with the k × k products (k its shorter side). Under DDP, one micro-batch whose
+    # activations are smaller than the gradients, the step is the peak: the states and that.
+    import model
+    from hetgpt import costs, planner
+    cfg = model.GPTConfig(n_layer=4, n_head=8, n_embd=512, block_size=64, vocab_size=4096)
+    costs.step_bytes.cache_clear()
+    assert costs.step_bytes_of(cfg) == 0
+
+    def muon_and_adamw(net, config):  # as MUON's edit splits the parameters
+        blocks = {p for n, p in net.named_parameters() if '.h.' in n and p.dim() == 2}
+        return [torch.optim.Muon(list(blocks), lr=0.02),
+                torch.optim.AdamW([p for p in net.parameters() if p not in blocks], lr=1e-3)]
+
+    costs.step_bytes.cache_clear()
+    costs.optimizer_state_bytes.cache_clear()
+    try:
+        # foreach AdamW (make_optimizer's fallback) takes the square root of every second moment
+        # at once: 4 bytes per parameter
+        monkeypatch.setattr(model, 'make_optimizer', lambda net, config: [
+            torch.optim.AdamW(net.parameters(), lr=1e-3, foreach=True)])
+        with torch.device('meta'):
+            P = sum(p.numel() for p in model.GPT(cfg).parameters())
+        assert costs.step_bytes_of(cfg) == 4 * P
+        monkeypatch.setattr(model, 'make_optimizer', muon_and_adamw)
+        costs.step_bytes.cache_clear()
+        m, k = 4 * cfg.n_embd, cfg.n_embd  # the MLP's matrices: 2048 × 512
+        temporaries = costs.step_bytes_of(cfg)
+        assert (4 + 2) * m * k <= temporaries <= 4 * (4 + 2) * m * k + 4 * 2 * k * k, temporaries
+        e = planner.estimate(cfg, 'ddp', 1, 1, micro_batches=1)
+        states = e['params'] + e['grads'] + e['optim']
+        assert e['activations'] < e['grads']
+        assert e['total'] - e['other'] == states + temporaries
+    finally:
+        costs.step_bytes.cache_clear()
+        costs.optimizer_state_bytes.cache_clear()
