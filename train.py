@@ -45,7 +45,7 @@ checkpoint_interval = 1000  # and at the end; 0: none, but on SIGTERM/SIGUSR1
 always_save_checkpoint = True  # False: only on a new best val loss (nanoGPT)
 new_dataset = False    # True: resume on another dataset than the checkpoint's
 keep_last = 2          # complete checkpoints kept in out_dir
-wandb_log = False      # offline unless WANDB_API_KEY is set; never blocks
+wandb_log = False      # online if logged in, else offline; never blocks
 wandb_project = 'hetgpt'
 wandb_run_name = 'run'
 # model
@@ -264,9 +264,9 @@ run_plan = planner.resplit(run_plan, caps, speed.c0, speed.c1)
 log(run_plan.table(measured))
 resumed = {}
 if resume_from:
-    resumed = ckpt.load(resume_from, model, optimizers, model_args)
+    resumed, took = ckpt.load(resume_from, model, optimizers, model_args)
     joined = membership.membership(resumed.get('machines'), machines)
-    log(f"resumed from {resume_from} at iter {resumed['iter']}{joined}")
+    log(f"resumed from {resume_from} ({took}) at iter {resumed['iter']}{joined}")
 iter_num = resumed.get('iter', 0)
 best_val = resumed.get('best_val_loss')  # (nanoGPT's saving on a new best)
 best_val = best_val if type(best_val) is float else math.inf
@@ -279,8 +279,7 @@ if gradient_accumulation_steps:
         f"(nanoGPT's meaning): global batch {batch_size} = "
         f"{config['batch_size']} × {gradient_accumulation_steps} sequences")
 # rank 0's record: first the plan against the probe step
-wandb_init = wandb_log and dict(project=wandb_project,
-                                name=wandb_run_name, config=config)
+wandb_init = wandb_log and dict(project=wandb_project, name=wandb_run_name, config=config)
 first = {'iter': iter_num, **run_plan.record(probed)}
 record = lambda row: None
 if master:
@@ -391,8 +390,8 @@ while iter_num < max_iters and not eval_only:
         meta = {'model_args': vars(model_args), 'config': config,
                 'machines': machines, 'fingerprint': fingerprint,
                 'best_val_loss': None if best_val == math.inf else best_val}
-        path = ckpt.save(out_dir, iter_num, model, optimizers, meta, keep_last)
-        log(f"iter {iter_num}: checkpoint written to {path}")
+        path, took = ckpt.save(out_dir, iter_num, model, optimizers, meta, keep_last)
+        log(f"iter {iter_num}: checkpoint written to {path} ({took})")
     if stopping:
         log(f"iter {iter_num}: stopped by a signal; checkpoint saved, "
             f"init_from=resume continues")

@@ -11,12 +11,15 @@ module restricts the metadata's unpickling to the record types DCP writes (its o
 torch sizes, dtypes and memory formats); read() is the one way in for the rest: plain values only,
 from plain files in the checkpoint's own directory.
 """
+import hashlib
 import json
 import logging
 import os
 import pickle
 import re
 import shutil
+import sys
+import time
 import types
 import warnings
 
@@ -152,7 +155,8 @@ def checkpoints(out_dir):
 def save(out_dir, step, model, optimizer, meta, keep_last):
     # Every rank writes its shard (DCP: loads under any strategy and world size) into
     # ckpt_<step>.tmp; rank 0 adds hetgpt.json ({iter, **meta}) and renames it once complete, then
-    # drops old ones. Returns the checkpoint's path.
+    # drops old ones. Returns the checkpoint's path, and its size and seconds (size).
+    start = time.time()
     final = os.path.join(out_dir, f'ckpt_{step:08d}')
     tmp, master = final + '.tmp', dist.get_rank() == 0
     if master:
@@ -181,7 +185,15 @@ def save(out_dir, step, model, optimizer, meta, keep_last):
         for old in others[:len(others) - (keep_last - 1)]:
             shutil.rmtree(old, ignore_errors=True)
     dist.barrier()
-    return final
+    return final, size(final, start)
+
+
+def size(path, since):
+    # '1.23 GB in 4.5 s': checkpoint path's files as this machine has them, and the seconds
+    # since `since` (time.time()) that its save or load took
+    n = sum(e.stat().st_size for e in os.scandir(path) if e.is_file())
+    amount = f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+    return f"{amount} in {time.time() - since:.1f} s"
 
 
 def latest(path):
@@ -213,6 +225,33 @@ def read_meta(path):
     return meta
 
 
+def mismatch(path, model_sd, meta):
+    # Refuses checkpoint path when its weights (names and shapes, from its .metadata) are not
+    # model_sd's: in one line, as written by another model when model.py is not the one that
+    # wrote it (the digest its fingerprint recorded), else as damaged. Raises, for the callers.
+    # (an entry that is not a tensor there is the reader's to refuse: Planner.load_bytes)
+    saved = {k[len('model.'):]: getattr(m, 'size', None)
+             for k, m in Reader(path).read_metadata().state_dict_metadata.items()
+             if k.startswith('model.')}
+    here = {k: v.shape for k, v in model_sd.items() if isinstance(v, torch.Tensor)}
+    size = lambda s: '×'.join(map(str, s))
+    diff = [f"{k} {size(saved[k])} there, {size(v)} here" for k, v in here.items()
+            if saved.get(k) is not None and tuple(saved[k]) != tuple(v)]
+    diff += [f"{k} only here" for k in here if k not in saved]
+    diff += [f"{k} only there" for k in saved if k not in here]
+    if not diff:
+        return
+    diff = ', '.join(diff[:2]) + (f"; {len(diff) - 2} more" if len(diff) > 2 else '')
+    code = (meta.get('fingerprint') or {}).get('code') if isinstance(
+        meta.get('fingerprint'), dict) else None
+    with open(sys.modules[GPT.__module__].__file__, 'rb') as f:
+        mine = hashlib.sha256(f.read()).hexdigest()[:16]
+    if isinstance(code, dict) and code.get('model.py') not in (None, mine):
+        die(f"checkpoint {path} was written by another model.py ({diff}); use the code that "
+            f"wrote it, or another out_dir")
+    raise ValueError(f"its weights are not its model_args' ({diff})")
+
+
 def damaged(path, e):
     die(f"checkpoint {path} is damaged ({why(e)}); move it away to use the one before it, "
         f"or use another out_dir")
@@ -224,13 +263,15 @@ def load_model(path, trim_vocab=True):
     # trim_vocab=False, the checkpoint as saved): they are never targets, sampling can't pick an id
     # the tokenizer can't decode, and HF gets its shape.
     try:
-        args = read_meta(path)['model_args']
+        meta = read_meta(path)
+        args = meta['model_args']
         trim = trim_vocab and args['vocab_size'] == 50304
         n_vocab = 50257 if trim else args['vocab_size']
         model = GPT(config_from({**args, 'vocab_size': n_vocab}))
         sd = model.state_dict()
         del sd['lm_head.weight']  # tied to wte: loading one is loading both
         wte = sd['transformer.wte.weight'] = torch.empty(args['vocab_size'], args['n_embd'])
+        mismatch(path, {**sd, 'lm_head.weight': wte}, meta)  # (saved, though tied)
         read(path, {'model': sd})
     except (Exception, CheckpointException) as e:  # (DCP's exception is a BaseException)
         damaged(path, e)
@@ -240,7 +281,9 @@ def load_model(path, trim_vocab=True):
 
 
 def load(path, model, optimizer, model_args):
-    # Loads path into model and optimizer (wrapped or not) and returns its hetgpt.json (checked).
+    # Loads path into model and optimizer (wrapped or not) and returns its hetgpt.json (checked),
+    # and its size and seconds (size).
+    start = time.time()
     try:
         meta = read_meta(path)
         saved = meta['model_args']
@@ -249,8 +292,9 @@ def load(path, model, optimizer, model_args):
                              if saved.get(k) != v)
             die(f"{path} holds another model ({diff}); use its config or another out_dir")
         model_sd, optim_sd = get_state_dict(model, optimizer)
+        mismatch(path, model_sd, meta)
         read(path, {'model': model_sd, 'optim': optim_sd})
     except (Exception, CheckpointException) as e:  # (die's SystemExit is neither)
         damaged(path, e)
     set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
-    return meta
+    return meta, size(path, start)

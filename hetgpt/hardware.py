@@ -172,7 +172,7 @@ def _stated_gib(name, local_rank, per_rank, most=None):
     return int(mine * 2**30)
 
 
-# HETGPT_HOST_MEM_GIB is for hosts whose /proc/meminfo reads below what they give (README: the GPU
+# HETGPT_HOST_MEM_GIB is for hosts whose /proc/meminfo reads below what they give (docs/gpu.md: the GPU
 # host, a microVM that grows with use; bench/gpu_check.sh states 120 there), so it is not held to
 # MemTotal: only an absurd figure is refused, above 64 TiB (the physical address space of CPUs with
 # 46-bit physical addresses, above the largest single hosts sold: HPE Superdome Flex, 48 TiB).

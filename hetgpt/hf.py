@@ -99,14 +99,35 @@ def save_hf(model, path):
         n_head=c.n_head, activation_function='gelu_new', layer_norm_epsilon=1e-5,
         resid_pdrop=c.dropout, embd_pdrop=c.dropout, attn_pdrop=c.dropout, tie_word_embeddings=True,
         bos_token_id=eot, eos_token_id=eot))
-    ours, sd = model.state_dict(), {}
-    for k, v in hf.state_dict().items():
+    ours, theirs, sd, wrong = model.state_dict(), hf.state_dict(), {}, []
+    size = lambda t: '×'.join(map(str, t.shape))
+    for k, v in theirs.items():
         if k in ours:
             sd[k] = ours[k].t() if k.endswith(CONV1D) else ours[k]
-        else:
-            assert k.endswith('bias') and not c.bias, f"no weights for HF's {k}"
+            if sd[k].shape != v.shape:
+                wrong.append(f"{k} {size(sd[k])} here, {size(v)} in GPT-2")
+        elif k.endswith('bias') and not c.bias:
             sd[k] = torch.zeros_like(v)
-    hf.load_state_dict(sd)
+        else:
+            wrong.append(f"GPT-2's {k} not here")
+    wrong += [f"{k} not in GPT-2" for k in ours if k not in theirs]
+    if not wrong:
+        hf.load_state_dict(sd)
+        # the same weights may still compute another network (an edited activation, norm or
+        # attention): the next-token logits of both, on a few tokens, in float32
+        idx = torch.arange(min(16, c.block_size)).view(1, -1) % c.vocab_size
+        model.eval()
+        with torch.no_grad():
+            mine, gpt2 = model(idx.to(next(model.parameters()).device))[0].float().cpu(), \
+                hf.eval()(idx).logits
+        gap = (mine - gpt2).abs().max().item()
+        if not gap <= 1e-3 * max(1.0, gpt2.abs().max().item()):
+            wrong.append(f"its logits differ from GPT-2's by up to {gap:.3g} on the same weights")
+    if wrong:
+        more = f"; {len(wrong) - 2} more" if len(wrong) > 2 else ''
+        die(f"--export_hf writes GPT-2 (transformers' GPT2LMHeadModel), and this model is "
+            f"another network ({', '.join(wrong[:2])}{more}): export a model of GPT-2's "
+            f"model.py, or save it for transformers yourself")
     # Only GPT-2's exact vocabulary gets its tokenizer: a smaller one (a char-level model) is
     # another tokenizer, and ids past 50257 would be text the tokenizer cannot decode. (A
     # checkpoint padded to 50304 is loaded trimmed to 50257, so sample.py and HF's generate
@@ -122,7 +143,7 @@ def save_hf(model, path):
         if note is None:
             try:
                 written += tokenizer.save_hf_tokenizer(tmp, c.block_size)
-            except (RuntimeError, ValueError) as e:  # no BPE files here, or altered ones
+            except ValueError as e:  # the repository's BPE files altered
                 note = str(e)
         written.sort()
         for f in written:

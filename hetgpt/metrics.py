@@ -2,8 +2,12 @@
 metrics.jsonl: rank 0's record of a run, written atomically, and the one reader of it.
 """
 import json
+import netrc
 import os
+import re
+import secrets
 import shutil
+import urllib.parse
 
 from hetgpt.errors import say
 
@@ -48,9 +52,40 @@ def append_row(path, row):
         _append_failed.append(row['iter'])
 
 
+def wandb_logged_in():
+    # As wandb itself finds a key: WANDB_API_KEY, else `wandb login`'s entry in ~/.netrc (NETRC:
+    # another file) for its host (WANDB_BASE_URL)
+    if os.environ.get('WANDB_API_KEY'):
+        return True
+    host = urllib.parse.urlparse(os.environ.get('WANDB_BASE_URL') or 'https://api.wandb.ai')
+    try:
+        return netrc.netrc(os.environ.get('NETRC')).authenticators(host.hostname) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def wandb_run_id(out_dir, resumed):
+    # One W&B run per hetgpt run: its id kept in out_dir/wandb_id, so that a resume (a restart,
+    # a change of machines) continues the same W&B run; a run from scratch starts a new one
+    path = os.path.join(out_dir, 'wandb_id')
+    try:
+        if not resumed:
+            raise OSError
+        with open(path) as f:
+            kept = f.read().strip()
+        if re.fullmatch(r'[a-z0-9]{1,64}', kept):
+            return kept
+    except OSError:
+        pass
+    made = secrets.token_hex(4)
+    with open(path, 'w') as f:
+        f.write(made + '\n')
+    return made
+
+
 class Metrics:
     # Rank 0's record of the run: a row per log line and evaluation in metrics.jsonl, and in wandb
-    # when asked (offline unless WANDB_API_KEY is set; a failure there only disables it). It starts
+    # when asked (online when logged in, else offline; a failure there only disables it). It starts
     # by dropping checkpoints a killed run left half-written and the rows past the iteration the run
     # starts from (a torn last line is skipped), then writes first_row: the plan.
     def __init__(self, out_dir, iter_num, first_row, wandb_init=None):
@@ -64,8 +99,9 @@ class Metrics:
             try:
                 import wandb
                 mode = os.environ.get('WANDB_MODE') or \
-                    ('online' if os.environ.get('WANDB_API_KEY') else 'offline')
+                    ('online' if wandb_logged_in() else 'offline')
                 self.wandb = wandb.init(**wandb_init, mode=mode, dir=out_dir,
+                                        id=wandb_run_id(out_dir, iter_num > 0), resume='allow',
                                         settings=wandb.Settings(init_timeout=30))
             except Exception as e:
                 print(f"wandb disabled: {type(e).__name__}: {e}", flush=True)
@@ -86,4 +122,12 @@ def line(row, eta):
     return (f"iter {row['iter']}: loss {row['loss']:.4f}, lr {row['lr']:.2e}, "
             f"grad norm {row['grad_norm']:.3g}, {row['tokens_per_sec']:,.0f} tok/s, "
             f"mfu {mfu}, mem {row['mem_gib']:.2f} GiB, "
-            f"eta {int(eta // 3600)}h{int(eta % 3600 // 60):02d}m")
+            f"eta {duration(eta)}")
+
+
+def duration(seconds):
+    # 50m00s under an hour, 1h50m under a day, then 3d04h: two units, the larger first
+    s = max(0, round(seconds))
+    for unit, small, name in ((86400, 3600, 'dh'), (3600, 60, 'hm'), (60, 1, 'ms')):
+        if s >= unit or unit == 60:
+            return f"{s // unit}{name[0]}{s % unit // small:02d}{name[1]}"

@@ -119,6 +119,51 @@ def test_export_is_read_by_transformers_as_sample_py_runs_it(which, n, request):
     assert hf['decoded'] == TEXTS
 
 
+LOGLIKELIHOOD_CHILD = r"""
+import json, sys, torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+# what lm-evaluation-harness's `--model hf` computes for a (context, continuation) request: the
+# continuation's summed log-probabilities, and whether greedy decoding would produce it
+path, pairs = sys.argv[1], json.loads(sys.argv[2])
+tok, model = AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)
+out = []
+for context, continuation in pairs:
+    ctx, cont = tok(context).input_ids, tok(continuation).input_ids
+    ids = torch.tensor([ctx + cont])
+    with torch.no_grad():
+        logp = model(ids).logits.float().log_softmax(-1)[0, len(ctx) - 1:-1]
+    picked = logp.gather(1, torch.tensor(cont)[:, None])[:, 0]
+    out.append([picked.sum().item(), bool((logp.argmax(-1) == torch.tensor(cont)).all())])
+print(json.dumps(out))
+"""
+
+
+def test_lm_eval_s_loglikelihood_of_the_export_is_our_model_s(trained):
+    # lm_eval --model hf --model_args pretrained=DIR (docs/sampling.md) scores a task by each
+    # continuation's log-likelihood under AutoModelForCausalLM and AutoTokenizer: on the export,
+    # the same numbers as our model's own forward (lm_eval itself and its tasks' data need
+    # network; this is the part that runs offline)
+    import torch
+    from hetgpt import ckpt
+    from hetgpt.tokenizer import gpt2_encoding
+    hf_dir = trained / 'hf_eval'
+    sample(trained, f'--export_hf={hf_dir}')
+    pairs = [('The return statement', ' leaves the function'), ('for x in', ' range(10):'),
+             ('Python', ' is a programming language.')]
+    child = run(ROOT, '-c', LOGLIKELIHOOD_CHILD, str(hf_dir), json.dumps(pairs))
+    theirs = json.loads(child.stdout)
+    model = ckpt.load_model(ckpt.latest(str(trained / 'out'))).eval()
+    enc = gpt2_encoding()
+    for (context, continuation), (hf_sum, hf_greedy) in zip(pairs, theirs):
+        ctx, cont = enc.encode(context), enc.encode(continuation)
+        with torch.no_grad():
+            logits = model(torch.tensor([ctx + cont]))[0]
+        logp = logits.float().log_softmax(-1)[0, len(ctx) - 1:-1]
+        ours = logp.gather(1, torch.tensor(cont)[:, None]).sum().item()
+        assert abs(ours - hf_sum) < 1e-3 * max(1.0, abs(ours)), (context, ours, hf_sum)
+        assert hf_greedy == bool((logp.argmax(-1) == torch.tensor(cont)).all())
+
+
 def test_other_vocabulary_gets_weights_only(trained, tmp_path):
     # a char-level model (vocab 65, as nanoGPT's shakespeare_char), exported over an export that
     # had GPT-2's tokenizer: that tokenizer is not this model's, and goes
@@ -132,3 +177,27 @@ def test_other_vocabulary_gets_weights_only(trained, tmp_path):
                         f"vocab_size 65 is not GPT-2's 50257)\n")
     assert sorted(os.listdir(hf_dir)) == WEIGHTS
     assert json.load(open(hf_dir / 'config.json'))['vocab_size'] == 65
+
+
+@pytest.mark.parametrize('old, new, says', [
+    ('4 * C', '3 * C', 'mlp.c_fc.weight 32×96 here, 32×128 in GPT-2'),  # other weights
+    ('self.gelu(self.c_fc(x))', 'torch.relu(self.c_fc(x))', 'logits differ'),  # the same ones
+])
+def test_an_edited_model_py_is_not_exported_as_gpt2(tmp_path, old, new, says):
+    # A researcher's model.py (a narrower MLP; ReLU for GELU) trained and exported: GPT-2's
+    # config with its weights would be another network. One line, nothing written.
+    from trainer import TINY, edited_copy, make_dataset
+    code = edited_copy(tmp_path / 'code', 'model.py', old, new)
+    make_dataset(tmp_path)
+    env = {**os.environ, **OFFLINE}
+    subprocess.run([sys.executable, str(code / 'train.py'), *TINY, '--bias=True',
+                    '--batch_size=2', '--max_iters=1', '--out_dir=out'], cwd=tmp_path,
+                   check=True, capture_output=True, timeout=300, env=env)
+    p = subprocess.run([sys.executable, str(code / 'sample.py'), '--out_dir=out', '--device=cpu',
+                        f'--export_hf={tmp_path / "hf"}'], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=300, env=env)
+    # (sample.py says which checkpoint it loaded first)
+    lines = p.stderr.splitlines()
+    assert p.returncode == 2 and len(lines) == 2 and lines[0].startswith('loaded '), p.stderr
+    assert lines[1].startswith('error: ') and 'another network' in lines[1] and says in lines[1]
+    assert not (tmp_path / 'hf').exists()

@@ -102,7 +102,7 @@ def test_a_machine_leaves_then_another_joins_and_the_run_is_the_same_run(tmp_pat
     assert all(abs(v - expected[k]) <= 1e-5 * expected[k] for k, v in logged), why
     # who left, then who joined, each time from the newest checkpoint: after the kill, one at or
     # after the step the killed machine was in; after the join, the one written on the way out
-    resumes = re.findall(r'resumed from \S+ckpt_(\d+) at iter (\d+); (.*)', log)
+    resumes = re.findall(r'resumed from \S+ckpt_(\d+) \([\d.]+ [MG]B in [\d.]+ s\) at iter (\d+); (.*)', log)
     assert len(resumes) == 2 and resumes[0][2].startswith('2 rank(s) then, 1 now; left: '), why
     assert resumes[1][2].startswith('1 rank(s) then, 2 now; joined: '), why
     stopped = re.findall(r'iter (\d+): stopped by a signal; checkpoint saved', a.text())

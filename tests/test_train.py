@@ -41,7 +41,12 @@ def test_resume_continues_exactly(work):
     common = TINY + ['--batch_size=4', '--eval_interval=2', '--checkpoint_interval=3']
     run_train(work, *common, '--out_dir=straight', '--max_iters=6')
     run_train(work, *common, '--out_dir=halves', '--max_iters=3')
-    run_train(work, *common, '--out_dir=halves', '--max_iters=6', '--init_from=resume')
+    p = run_train(work, *common, '--out_dir=halves', '--max_iters=6', '--init_from=resume')
+    # the load and the save say how big the checkpoint is (its files, measured here) and how long
+    import re
+    mb = sum(f.stat().st_size for f in (work / 'halves' / 'ckpt_00000006').iterdir()) / 1e6
+    assert re.search(r'resumed from \S+ckpt_00000003 \([\d.]+ MB in [\d.]+ s\) at iter 3', p.stdout)
+    assert re.search(rf'checkpoint written to \S+ckpt_00000006 \({mb:.1f} MB in [\d.]+ s\)', p.stdout)
     a, b = load_params(latest_checkpoint(work / 'straight')), load_params(latest_checkpoint(work / 'halves'))
     assert all((a[k] == b[k]).all() for k in a)
     assert metrics(work / 'straight') != [] and train_losses(work / 'straight') == train_losses(work / 'halves')
@@ -51,9 +56,10 @@ def test_resume_continues_exactly(work):
 
 
 def test_loss_falls_and_log_line_has_progress(work):
-    # with wandb on and no network or API key: it logs offline and never stops the run
+    # with wandb on and no network, API key or login: it logs offline and never stops the run
+    no_login = {'WANDB_API_KEY': '', 'NETRC': str(work / 'no_netrc')}
     p = run_train(work, *TINY, '--batch_size=8', '--max_iters=40', '--eval_interval=20', '--out_dir=falls',
-                  '--log_interval=10', '--wandb_log=True', env={'WANDB_API_KEY': ''})
+                  '--log_interval=10', '--wandb_log=True', env=no_login)
     losses = train_losses(work / 'falls')
     assert losses[40] < losses[10] - 0.5, losses
     line = [ln for ln in p.stdout.splitlines() if ln.startswith('iter 40: loss')][0]
@@ -63,6 +69,50 @@ def test_loss_falls_and_log_line_has_progress(work):
     row = [r for r in metrics(work / 'falls') if r.get('loss') is not None][-1]
     assert {'iter', 'loss', 'lr', 'tokens_per_sec', 'mfu'} <= set(row)
     assert any(d.startswith('offline-run') for d in os.listdir(work / 'falls' / 'wandb'))
+    # resumed, the same W&B run goes on: its id is kept in out_dir
+    run_train(work, *TINY, '--batch_size=8', '--max_iters=42', '--eval_interval=20', '--out_dir=falls',
+              '--log_interval=10', '--wandb_log=True', '--init_from=resume', env=no_login)
+    kept = (work / 'falls' / 'wandb_id').read_text().strip()
+    runs = [d for d in os.listdir(work / 'falls' / 'wandb') if d.startswith('offline-run')]
+    assert len(runs) == 2 and all(d.endswith('-' + kept) for d in runs), (kept, runs)
+
+
+def test_wandb_is_online_when_logged_in(tmp_path, monkeypatch):
+    # `wandb login` writes the key into ~/.netrc for wandb's host: that is logged in, as
+    # WANDB_API_KEY is; another host's entry is not
+    from hetgpt.metrics import wandb_logged_in
+    monkeypatch.delenv('WANDB_API_KEY', raising=False)
+    monkeypatch.delenv('WANDB_BASE_URL', raising=False)
+    netrc = tmp_path / 'netrc'
+    monkeypatch.setenv('NETRC', str(netrc))
+    assert not wandb_logged_in()  # no such file
+    netrc.write_text('machine example.com\n  login user\n  password abc\n')
+    netrc.chmod(0o600)
+    assert not wandb_logged_in()
+    netrc.write_text('machine api.wandb.ai\n  login user\n  password ' + 'k' * 40 + '\n')
+    assert wandb_logged_in()
+    monkeypatch.setenv('WANDB_BASE_URL', 'https://wandb.example.com')  # a server of one's own
+    assert not wandb_logged_in()
+    monkeypatch.setenv('WANDB_API_KEY', 'k' * 40)
+    assert wandb_logged_in()
+
+
+def test_training_imports_neither_wandb_nor_datasets_unless_asked(work):
+    # train.py as its command line runs it, in a process that says at its end which of the
+    # optional packages were imported: none of them without wandb_log (wandb costs about 0.2 s of
+    # start-up, datasets 0.7: bench/RESULTS.md)
+    import subprocess
+    import sys
+    from trainer import ROOT
+    code = ("import atexit, runpy, sys; atexit.register(lambda: print('imported', sorted("
+            "{'wandb', 'datasets', 'pandas', 'transformers'} & set(sys.modules))));"
+            "sys.argv = sys.argv[1:]; sys.path.insert(0, sys.argv[0].rpartition('/')[0]); "
+            "runpy.run_path(sys.argv[0], run_name='__main__')")
+    p = subprocess.run([sys.executable, '-c', code, os.path.join(ROOT, 'train.py'), *TINY,
+                        '--batch_size=8', '--max_iters=1', '--out_dir=lean'], cwd=work,
+                       capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore'))
+    assert p.returncode == 0 and p.stdout.splitlines()[-1] == 'imported []', p.stdout + p.stderr
 
 
 def test_keep_last_keeps_n_checkpoints(work):
@@ -150,6 +200,28 @@ def test_checkpoint_of_another_model_is_refused(work, one_step):
                   '--n_layer=3', check=False)
     assert p.returncode != 0 and 'another model' in p.stderr and 'n_layer' in p.stderr
     assert os.path.exists(work / 'other' / 'ckpt_00000001' / 'hetgpt.json')  # nothing lost
+
+
+def test_checkpoint_of_an_edited_model_py_is_another_model_not_damaged(work, one_step, tmp_path):
+    # model.py edited (a narrower MLP) and the run resumed, or sampled: the same model_args, other
+    # weights. One line that names the weights and what to do; the checkpoint stays as it was.
+    import subprocess
+    import sys
+    from trainer import edited_copy
+    code = edited_copy(tmp_path / 'code', 'model.py', '4 * C', '3 * C')  # (every one: the MLP's)
+    shutil.copytree(one_step[0], work / 'edited')
+    before = sorted(os.listdir(work / 'edited' / 'ckpt_00000001'))
+    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore')
+    runs = [[code / 'train.py', *TINY, '--batch_size=2', '--max_iters=2', '--out_dir=edited',
+             '--init_from=resume'],
+            [code / 'sample.py', '--out_dir=edited', '--device=cpu', '--max_new_tokens=2']]
+    for args in runs:
+        p = subprocess.run([sys.executable, *map(str, args)], cwd=work, capture_output=True,
+                           text=True, timeout=300, env=env)
+        line = one_error_line(p)
+        assert 'written by another model' in line and 'damaged' not in line, line
+        assert 'mlp.c_fc.weight 128×32 there, 96×32 here' in line, line
+        assert sorted(os.listdir(work / 'edited' / 'ckpt_00000001')) == before
 
 
 class Payload:  # what a tampered checkpoint could hold: unpickling it would run a shell command
@@ -279,3 +351,12 @@ def test_per_group_learning_rates_keep_their_ratio_through_warmup_and_decay(tmp_
         assert lrs[1] == pytest.approx(want / 10, rel=1e-12), (it, lrs)
     assert 'grad norm' in p.stdout and all('grad_norm' in r for r in metrics(tmp_path / 'out')
                                            if 'loss' in r)
+
+
+@pytest.mark.parametrize('seconds, shown', [(0, '0m00s'), (59.4, '0m59s'), (3000, '50m00s'),
+                                            (6600, '1h50m'), (86399, '23h59m'),
+                                            (90000, '1d01h')])
+def test_the_eta_shows_two_units_truncated(seconds, shown):
+    # 3,000 s is 50 minutes (not "1h50m"); the larger unit first, the smaller truncated
+    from hetgpt.metrics import duration
+    assert duration(seconds) == shown
