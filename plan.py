@@ -12,31 +12,49 @@ import argparse
 import math
 import os
 import re
+import shlex
 import sys
 import time
+from collections import Counter
 
 from configurator import configure, defaults_of, rules_of
 from hetgpt import shape
 from hetgpt.errors import die
-from hetgpt.hardware import GPUS, gpu_key
+from hetgpt.hardware import GPUS
+from hetgpt.metrics import duration
 from hetgpt.planner import GiB, STRATEGIES, batch_of, make_plan
 from model import config_from
 
 DEFAULT_GPUS = '1xH200'
 TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train.py')
 KNOBS = (*shape.RULES, 'batch_size', 'gradient_accumulation_steps', 'micro_batch_size',
-         'memory_fraction')
+         'memory_fraction', 'max_iters')
+
+
+def _gpu(name, item):
+    # A --gpus NAME: a key of the GPU table or cpu, in any case. Nothing is planned on a guess: a
+    # name that begins several keys ('A100': 40 and 80 GB, SXM and PCIe) is one line naming them,
+    # and any other name one line naming them all.
+    if name and name.lower() == 'cpu':
+        return 'cpu'
+    found = [k for k in GPUS if name and k.lower() == name.lower()] or \
+        [k for k in GPUS if name and k.lower().startswith(name.lower() + '-')]
+    if len(found) == 1 and found[0].lower() == name.lower():
+        return found[0]
+    if found:
+        die(f"--gpus {item}: which {name}? say one of {', '.join(found)}")
+    die(f"--gpus: cannot read {item!r}; write COUNTxNAME (COUNT >= 1) with NAME one of "
+        f"{', '.join(GPUS)}, or cpu (with --host_mem); several joined by commas")
 
 
 def _cluster(gpus, nodes, host_mem):
     # '4xA100-80GB,4xV100-32GB' -> ranks spread evenly over nodes (default: 8 GPUs per node)
     kinds = []
     for item in gpus.split(','):
-        m = re.fullmatch(r'(?:(\d+)x)?(.+)', item.strip())
-        key = m and ('cpu' if m[2].lower() == 'cpu' else gpu_key(m[2]))
-        if key is None or int(m[1] or 1) < 1:
-            die(f"--gpus: cannot read {item!r}; write COUNTxNAME (COUNT >= 1) with NAME one of "
-                f"{', '.join(GPUS)}, or cpu (with --host_mem)")
+        m = re.fullmatch(r'(?:(\d+)x)?([A-Za-z0-9-]+)', item.strip())
+        if m is None or int(m[1] or 1) < 1:
+            _gpu(None, item)  # (cannot read it)
+        key = _gpu(m[2], item)
         if key == 'cpu' and not host_mem:
             die(f"--gpus {item}: CPU ranks need --host_mem (GiB per node), their memory")
         kinds += [key] * int(m[1] or 1)
@@ -44,6 +62,10 @@ def _cluster(gpus, nodes, host_mem):
         die(f"--nodes {nodes} but --gpus {gpus} has {len(kinds)} ranks: at least one per node")
     nodes = nodes or math.ceil(len(kinds) / 8)
     per = math.ceil(len(kinds) / nodes)
+    if math.ceil(len(kinds) / per) < nodes:  # 12 GPUs on 5 nodes: 3 each fill only 4
+        fits = [n for n in range(1, len(kinds) + 1) if len(kinds) % n == 0]
+        die(f"--nodes {nodes} does not fit {len(kinds)} GPUs (--gpus {gpus}): spread evenly, "
+            f"they leave a node empty; give --nodes one of {', '.join(map(str, fits))}")
     host = host_mem * GiB if host_mem else None
     host_from = 'given (--host_mem)' if host else None
     return [dict(device='cuda', gpu=g, node=i // per, host_mem=host, host_from=host_from)
@@ -118,8 +140,26 @@ def main(argv=None):
         print(f"no --gpus given: planned for {DEFAULT_GPUS}; choose with --gpus, e.g. "
               f"--gpus 8xA100-80GB")
     print(p.table())
+    if p.fits and p.step_time:
+        steps = config['max_iters']
+        print(f"the run: max_iters {steps:,} × {p.step_time:.3g} s = {duration(steps * p.step_time)}"
+              f" predicted, {steps * batch * config['block_size']:,} tokens")
+    if p.fits and all(r['device'] == 'cuda' for r in ranks):
+        print(launch(ranks, args.config + rest))
     print(f"({time.time() - t0:.1f} s)")
     return 0 if p.fits else 1
+
+
+def launch(ranks, train_args):
+    # The torchrun line to run this plan, one per node: each node's own count of GPUs (torchrun's
+    # agents tell each other theirs), node 0's address for HOST0
+    args = ' '.join(['train.py', *map(shlex.quote, train_args)])
+    per_node = Counter(r['node'] for r in ranks)
+    if len(per_node) == 1:
+        return f"run it: torchrun --standalone --nproc_per_node={len(ranks)} {args}"
+    return '\n'.join(["run it, on each node (HOST0: node 0's address):"] + [
+        f"  node {n}: torchrun --nnodes={len(per_node)} --node_rank={n} --nproc_per_node={k} "
+        f"--master_addr=HOST0 --master_port=29500 {args}" for n, k in sorted(per_node.items())])
 
 
 if __name__ == '__main__':

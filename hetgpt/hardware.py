@@ -36,7 +36,8 @@ def _gpu(mib, bf16, fp16, tf32, fp32, hbm, host, p2p, net=100 / 8 / 8):
 
 
 # Sources: NVIDIA datasheets (H200, H200 NVL, GH200, H100, A100, V100, A40, L40S, A10, L4, T4,
-# RTX A6000) and the GA102/AD102 whitepapers (RTX 3090, 4090).
+# RTX A6000) and the TU102/GA102/AD102 whitepapers (RTX 2080 Ti, 3090, 4090: the reference
+# boards' clocks).
 GPUS = {  # name: _gpu(MiB, bf16, fp16, tf32, fp32, hbm, host, p2p, net)
     'H200':           _gpu(143771, 989, 989, 494, 67, 4800, 63, 450, 50),   # NVLink 900 GB/s
     'H200-NVL':       _gpu(143771, 835, 835, 417, 60, 4800, 63, 450),       # NVLink bridge
@@ -50,6 +51,7 @@ GPUS = {  # name: _gpu(MiB, bf16, fp16, tf32, fp32, hbm, host, p2p, net)
     'A100-PCIe-40GB': _gpu(40960, 312, 312, 156, 19.5, 1555, 31.5, 31.5),
     'V100-32GB':      _gpu(32768, None, 125, None, 15.7, 900, 15.75, 150, 6.25),  # SXM2
     'V100-16GB':      _gpu(16384, None, 125, None, 15.7, 900, 15.75, 150, 6.25),
+    'RTX2080Ti':      _gpu(11264, None, 53.8, None, 13.4, 616, 15.75, 15.75),  # Turing: fp16 only
     'RTX3090':        _gpu(24576, 71, 71, 35.6, 35.6, 936, 31.5, 31.5),
     'RTX4090':        _gpu(24564, 165.2, 165.2, 82.6, 82.6, 1008, 31.5, 31.5),  # no P2P
     'A6000':          _gpu(49140, 154.8, 154.8, 77.4, 38.7, 768, 31.5, 31.5),   # RTX A6000
@@ -92,6 +94,7 @@ def gpu_key(name):
     if 'H100' in t: return 'H100-PCIe' if pcie else 'H100-SXM'
     if 'A100' in t: return ('A100-PCIe-' if pcie else 'A100-') + ('80GB' if '80GB' in t else '40GB')
     if 'V100' in t: return 'V100-32GB' if '32GB' in t else 'V100-16GB'
+    if '2080' in t and 'TI' in t: return 'RTX2080Ti'
     if '3090' in t: return 'RTX3090'
     if '4090' in t: return 'RTX4090'
     for key in ('A6000', 'A40', 'L40S', 'A10G', 'A10', 'L4', 'T4'):
@@ -296,7 +299,10 @@ def resolve(device, dtype, compile, local_rank):
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     why = 'set'
     if dtype == 'auto':  # bfloat16 where the hardware computes it (CUDA; a CPU with AVX512-BF16)
-        native = torch.cuda.is_bf16_supported() if device.startswith('cuda') else any(
+        # (not emulated: a V100 runs bfloat16 at its float32 rate, and torch counts that unless
+        # told not to)
+        native = torch.cuda.is_bf16_supported(including_emulation=False) \
+            if device.startswith('cuda') else any(
             getattr(torch.cpu, f, bool)() for f in ('_is_avx512_bf16_supported',
                                                     '_is_amx_tile_supported'))
         dtype, why = ('bfloat16', 'auto: native bfloat16') if native else \

@@ -505,10 +505,15 @@ def test_each_configs_stated_parameter_count_is_the_models(path):
 PLAN_MISTAKES = [  # (arguments after configs/gpt_tiny.py, what the error line says)
     ('--gpus 0xA100-80GB', 'COUNT >= 1'), ('--gpus x', 'cannot read'),
     ('--gpus=-1xH100', 'cannot read'), ('--gpus=', 'cannot read'), ('--gpus 2xA999', 'cannot read'),
-    ('--gpus 2xH100,', 'cannot read'), ('--gpus 2xcpu', '--host_mem'),
+    ('--gpus 2xH100-SXM,', 'cannot read'), ('--gpus 2xcpu', '--host_mem'),
+    # an ambiguous name is not guessed: the keys it could be (issue 27)
+    ('--gpus A100', 'say one of A100-80GB, A100-40GB, A100-PCIe-80GB, A100-PCIe-40GB'),
+    ('--gpus 2xH100', 'say one of H100-SXM, H100-PCIe'),
+    ('--gpus 2xA100-80GB+2xV100-32GB', 'cannot read'), ('--gpus 2xA100-80GB 2xV100-32GB', 'give config files'),
+    ('--gpus 12xH100-SXM --nodes 5', 'one of 1, 2, 3, 4, 6, 12'),
     ('--host_mem -1', '--host_mem'), ('--host_mem 0', '--host_mem'),
     ('--host_mem nan', '--host_mem'), ('--nodes -1', '--nodes'),
-    ('--nodes 3 --gpus 2xH100', 'one per node'), ('--micro_batch_size=-1', 'micro_batch_size=-1'),
+    ('--nodes 3 --gpus 2xH100-SXM', 'one per node'), ('--micro_batch_size=-1', 'micro_batch_size=-1'),
     ('--memory_fraction=0', 'memory_fraction=0'), ('--memory_fraction=1.5', 'memory_fraction'),
     ('--inter_node_gbs 0', '--inter_node_gbs'), ('--inter_node_gbs inf', '--inter_node_gbs'),
     ('--plan zero3', 'invalid choice'), ('--dtype fp8', 'invalid choice'),
@@ -566,3 +571,52 @@ def test_where_the_weights_are_first_made():
     assert planner.make_plan(cfg, 64, fits).init_device == 'cpu'
     assert planner.make_plan(cfg, 64, tight).init_device == 'meta'
     assert planner.make_plan(cfg, 64, tight, init_device='cpu').init_device == 'cpu'
+
+
+def test_dtype_auto_takes_bfloat16_only_where_the_gpu_computes_it(monkeypatch):
+    # torch.cuda.is_bf16_supported() is True on a V100, which emulates bfloat16 at its float32
+    # rate: dtype=auto asks without emulation (issue 27), and a V100 trains in float32
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'set_device', lambda device: None)
+    for native, expected in ((False, 'float32'), (True, 'bfloat16')):  # a V100; an A100
+        monkeypatch.setattr(torch.cuda, 'is_bf16_supported',
+                            lambda including_emulation=True: including_emulation or native)
+        _, dtype, _, how = hardware.resolve('cuda', 'auto', False, 0)
+        assert dtype == expected and how.startswith(f"{expected} (auto: "), how
+
+
+def test_the_dry_run_says_the_whole_run_and_the_torchrun_line_of_each_node(capsys):
+    # issue 27: max_iters × the predicted step, the run's tokens (max_iters × batch × block_size,
+    # gpt_1p3b.py's: 24,334 × 528 × 2048), and the command each node runs (its own GPU count)
+    import re
+    assert plan.main([str(ROOT / 'configs' / 'gpt_1p3b.py'), '--gpus', '16xH100-SXM']) == 0
+    out = capsys.readouterr().out
+    step = float(re.search(r'predicted: step ([\d.]+) s', out)[1])
+    run = re.search(r'the run: max_iters 24,334 × ([\d.]+) s = (\S+) predicted, ([\d,]+) tokens', out)
+    assert run and float(run[1]) == pytest.approx(step, rel=0.01)
+    assert int(run[3].replace(',', '')) == 24_334 * 528 * 2048
+    # two units, the smaller truncated ('8h30m'): within a unit of it (the step shown to 3 digits)
+    size = {'d': 86400, 'h': 3600, 'm': 60, 's': 1}
+    big, unit, small, smaller = re.fullmatch(r'(\d+)([dhm])(\d+)([hms])', run[2]).groups()
+    shown = int(big) * size[unit] + int(small) * size[smaller]
+    assert 0.99 * 24_334 * step - size[smaller] <= shown <= 1.01 * 24_334 * step, run[2]
+    lines = re.findall(r'node (\d): torchrun --nnodes=2 --node_rank=(\d) --nproc_per_node=(\d+) '
+                       r'--master_addr=HOST0 --master_port=29500 train.py \S+gpt_1p3b.py$', out, re.M)
+    assert lines == [('0', '0', '8'), ('1', '1', '8')], out
+    assert plan.main([str(ROOT / 'configs' / 'gpt_tiny.py'), '--gpus', '1xH200']) == 0
+    assert re.search(r'^run it: torchrun --standalone --nproc_per_node=1 train.py \S+gpt_tiny.py$',
+                     capsys.readouterr().out, re.M)
+
+
+def test_an_emulated_dtype_runs_at_the_float32_rate():
+    # The datasheets' dense rates (issue 27): a V100 has fp16 tensor cores (125 TFLOP/s) and no
+    # bf16 ones, so bfloat16 runs at its float32 rate (15.7); a 2080 Ti (Turing whitepaper) 53.8
+    # fp16 with fp32 accumulate, 13.4 float32; an A100 312 in both 16-bit types
+    for name, dtype, tflops in (('Tesla V100-SXM2-32GB', 'float16', 125),
+                                ('Tesla V100-SXM2-32GB', 'bfloat16', 15.7),
+                                ('NVIDIA GeForce RTX 2080 Ti', 'float16', 53.8),
+                                ('NVIDIA GeForce RTX 2080 Ti', 'bfloat16', 13.4),
+                                ('NVIDIA A100-SXM4-80GB', 'bfloat16', 312),
+                                ('NVIDIA A100-SXM4-80GB', 'float16', 312)):
+        assert hardware.peak_flops(name, dtype) == pytest.approx(tflops * 1e12), (name, dtype)
+    assert hardware.gpu_key('NVIDIA GeForce RTX 2080') is None  # not the Ti: not in the table
