@@ -20,7 +20,7 @@ from collections import Counter
 from configurator import configure, defaults_of, rules_of
 from hetgpt import shape
 from hetgpt.errors import die
-from hetgpt.hardware import GPUS
+from hetgpt.hardware import GPUS, peak_flops
 from hetgpt.metrics import duration
 from hetgpt.planner import GiB, STRATEGIES, batch_of, make_plan
 from model import config_from
@@ -133,9 +133,11 @@ def main(argv=None):
     # nanoGPT's configs: gradient_accumulation_steps > 0 makes batch_size the micro-batch
     batch, micro = batch_of(config['batch_size'], config['gradient_accumulation_steps'],
                             config['micro_batch_size'])
-    p = make_plan(config_from(config), batch, ranks, plan=args.plan, micro_batch_size=micro,
-                  memory_fraction=config['memory_fraction'], dtype=args.dtype,
-                  inter_node_bw=args.inter_node_gbs and args.inter_node_gbs * 1e9)
+    planned = lambda ranks, dtype=args.dtype: make_plan(
+        config_from(config), batch, ranks, plan=args.plan, micro_batch_size=micro,
+        memory_fraction=config['memory_fraction'], dtype=dtype,
+        inter_node_bw=args.inter_node_gbs and args.inter_node_gbs * 1e9)
+    p = planned(ranks)
     if args.gpus is None:
         print(f"no --gpus given: planned for {DEFAULT_GPUS}; choose with --gpus, e.g. "
               f"--gpus 8xA100-80GB")
@@ -144,10 +146,34 @@ def main(argv=None):
         steps = config['max_iters']
         print(f"the run: max_iters {steps:,} × {p.step_time:.3g} s = {duration(steps * p.step_time)}"
               f" predicted, {steps * batch * config['block_size']:,} tokens")
+    if p.fits:
+        for line in choices(p, ranks, args.dtype, planned):
+            print(line)
     if p.fits and all(r['device'] == 'cuda' for r in ranks):
         print(launch(ranks, args.config + rest))
     print(f"({time.time() - t0:.1f} s)")
     return 0 if p.fits else 1
+
+
+def choices(p, ranks, dtype, planned):
+    # What each kind of GPU adds to the step's tokens/s (the plan without them), and the other
+    # 16-bit dtype where some GPU computes it faster (a V100: float16 only): the gain and the flag
+    kinds = Counter(r['gpu'] or 'cpu' for r in ranks)
+    if len(kinds) > 1:
+        for kind, n in kinds.items():
+            q = planned([r for r in ranks if (r['gpu'] or 'cpu') != kind])
+            adds = f"{p.tokens_per_sec / q.tokens_per_sec - 1:+.1%}" if q.fits else \
+                "the fit: the rest alone do not fit"
+            yield f"the {n} × {kind} add {adds} tokens/s" + (
+                f"; leave them out: {q.tokens_per_sec / p.tokens_per_sec - 1:+.1%}"
+                if q.fits and q.tokens_per_sec > p.tokens_per_sec else '')
+    other = {'bfloat16': 'float16', 'float16': 'bfloat16'}.get(dtype)
+    if other and any(r['device'] == 'cuda' and peak_flops(r['gpu'], other) !=
+                     peak_flops(r['gpu'], dtype) for r in ranks):
+        q = planned(ranks, other)
+        if q.fits and q.tokens_per_sec > p.tokens_per_sec:
+            yield (f"--dtype={other} (here and in train.py) would give "
+                   f"{q.tokens_per_sec / p.tokens_per_sec - 1:+.1%} tokens/s")
 
 
 def launch(ranks, train_args):

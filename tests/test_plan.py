@@ -620,3 +620,26 @@ def test_an_emulated_dtype_runs_at_the_float32_rate():
                                 ('NVIDIA A100-SXM4-80GB', 'float16', 312)):
         assert hardware.peak_flops(name, dtype) == pytest.approx(tflops * 1e12), (name, dtype)
     assert hardware.gpu_key('NVIDIA GeForce RTX 2080') is None  # not the Ti: not in the table
+
+
+def test_what_each_gpu_kind_adds_and_the_dtype_that_is_faster(capsys):
+    # 1.3B on 2 A100-80GB + 2 V100-32GB over two nodes (issue 27). A V100 has no bfloat16 tensor
+    # cores: in bfloat16 it runs at its float32 rate (15.7 TFLOP/s), in float16 at 125; an A100 at
+    # 312 in both. Split by speed, the V100s' share of the batch is their share of the rate, and
+    # the step's tokens/s go as the total rate: float16 gives (2×312 + 2×125) / (2×312 + 2×15.7)
+    # - 1 = +33.4%. plan.py says what the V100s add and that --dtype=float16 is faster.
+    import re
+    a100, v100 = {'bfloat16': 312, 'float16': 312}, {'bfloat16': 15.7, 'float16': 125}
+    ranks = plan._cluster('2xA100-80GB,2xV100-32GB', 2, None)
+    cfg, batch = load('gpt_1p3b')
+    for dtype in ('bfloat16', 'float16'):
+        p = planner.make_plan(cfg, batch, ranks, dtype=dtype)
+        share = 2 * v100[dtype] / (2 * a100[dtype] + 2 * v100[dtype])
+        assert sum(p.share[2:]) / batch == pytest.approx(share, rel=0.1), (dtype, p.share)
+    assert plan.main([str(ROOT / 'configs' / 'gpt_1p3b.py'), '--gpus', '2xA100-80GB,2xV100-32GB',
+                      '--nodes', '2']) == 0
+    out = capsys.readouterr().out
+    assert re.search(r'^the 2 × V100-32GB add \+[\d.]+% tokens/s$', out, re.M), out
+    gain = float(re.search(r'^--dtype=float16 \(here and in train.py\) would give \+([\d.]+)% '
+                           r'tokens/s$', out, re.M)[1]) / 100
+    assert gain == pytest.approx((2 * 312 + 2 * 125) / (2 * 312 + 2 * 15.7) - 1, abs=0.03)
