@@ -155,7 +155,7 @@ def checkpoints(out_dir):
 def save(out_dir, step, model, optimizer, meta, keep_last):
     # Every rank writes its shard (DCP: loads under any strategy and world size) into
     # ckpt_<step>.tmp; rank 0 adds hetgpt.json ({iter, **meta}) and renames it once complete, then
-    # drops old ones. Returns the checkpoint's path, and its size and seconds (size).
+    # drops old ones. Returns the checkpoint's path, and on rank 0 its size and seconds (size).
     start = time.time()
     final = os.path.join(out_dir, f'ckpt_{step:08d}')
     tmp, master = final + '.tmp', dist.get_rank() == 0
@@ -185,7 +185,7 @@ def save(out_dir, step, model, optimizer, meta, keep_last):
         for old in others[:len(others) - (keep_last - 1)]:
             shutil.rmtree(old, ignore_errors=True)
     dist.barrier()
-    return final, size(final, start)
+    return final, size(final, start) if master else None  # (rank 0 says it)
 
 
 def size(path, since):
