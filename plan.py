@@ -20,9 +20,9 @@ from collections import Counter
 from configurator import configure, defaults_of, rules_of
 from hetgpt import shape
 from hetgpt.errors import die
-from hetgpt.hardware import GPUS, peak_flops
+from hetgpt.hardware import GPUS, native_dtype, peak_flops
 from hetgpt.metrics import duration
-from hetgpt.planner import GiB, STRATEGIES, batch_of, make_plan
+from hetgpt.planner import DTYPES, GiB, STRATEGIES, batch_of, make_plan
 from model import config_from
 
 DEFAULT_GPUS = '1xH200'
@@ -107,7 +107,9 @@ def main(argv=None):
     ap.add_argument('--nodes', type=int, default=0, help="ranks spread evenly over them "
                     "(default 0: 8 GPUs per node)")
     ap.add_argument('--plan', default='auto', choices=('auto',) + STRATEGIES)
-    ap.add_argument('--dtype', default='bfloat16', choices=('bfloat16', 'float16', 'float32'))
+    ap.add_argument('--dtype', default='auto', choices=('auto',) + DTYPES,
+                    help="as train.py's: auto (each GPU's fastest under DDP; under FSDP one for "
+                         "all, the fastest), or one for all")
     ap.add_argument('--inter_node_gbs', type=float, default=None,
                     help="GB/s of NIC per GPU between nodes (default: the GPU's reference "
                     "system); NCCL drives a node's NICs together")
@@ -156,8 +158,9 @@ def main(argv=None):
 
 
 def choices(p, ranks, dtype, planned):
-    # What each kind of GPU adds to the step's tokens/s (the plan without them), and the other
-    # 16-bit dtype where some GPU computes it faster (a V100: float16 only): the gain and the flag
+    # What each kind of GPU adds to the step's tokens/s (the plan without them), and another
+    # dtype setting where it runs some GPU at another rate (a V100: float16 only, bfloat16 at its
+    # float32 rate) and is faster: the gain and the flag
     kinds = Counter(r['gpu'] or 'cpu' for r in ranks)
     if len(kinds) > 1:
         for kind, n in kinds.items():
@@ -167,9 +170,12 @@ def choices(p, ranks, dtype, planned):
             yield f"the {n} × {kind} add {adds} tokens/s" + (
                 f"; leave them out: {q.tokens_per_sec / p.tokens_per_sec - 1:+.1%}"
                 if q.fits and q.tokens_per_sec > p.tokens_per_sec else '')
-    other = {'bfloat16': 'float16', 'float16': 'bfloat16'}.get(dtype)
-    if other and any(r['device'] == 'cuda' and peak_flops(r['gpu'], other) !=
-                     peak_flops(r['gpu'], dtype) for r in ranks):
+    rates = lambda dtypes: [peak_flops(r['gpu'], d) for r, d in zip(p.ranks, dtypes)]
+    for other in ('auto', 'bfloat16', 'float16'):  # (float32: slower on every GPU of the table)
+        own = [native_dtype(r['device'], r['gpu']) if other == 'auto' else other
+               for r in p.ranks]
+        if other == dtype or rates(own) == rates(p.dtypes):
+            continue
         q = planned(ranks, other)
         if q.fits and q.tokens_per_sec > p.tokens_per_sec:
             yield (f"--dtype={other} (here and in train.py) would give "

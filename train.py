@@ -76,7 +76,7 @@ min_lr = 6e-5
 # system
 seed = 1337
 device = 'auto'        # 'auto' (cuda if available), 'cpu', 'cuda'
-dtype = 'auto'         # 'auto' (bfloat16 where native, else float32), ...
+dtype = 'auto'         # 'auto' (each rank's fastest), 'bfloat16', ... or per rank
 compile = True         # torch.compile each block and the loss
 plan = 'auto'          # 'auto' or a strategy: ddp, ddp+ac, fsdp, ... (plan.py)
 micro_batch_size = 0   # sequences per forward on each rank; 0: the plan's
@@ -107,7 +107,7 @@ RULES = {
     'warmup_iters': '[0, 1e9]', 'lr_decay_iters': '[0, 1e9]',
     'seed': '[0, 1e18]',  # (+ 1,000,003 × iter_num: within 64 bits)
     'device': 'auto|cpu|cuda(:[0-9]+)?',
-    'dtype': 'auto|float32|bfloat16|float16',
+    'dtype': 'auto|(float32|bfloat16|float16)(,(float32|bfloat16|float16))*',
     'plan': '|'.join(map(re.escape, ('auto',) + planner.STRATEGIES)),
     'memory_fraction': '(0, 1]', 'init_device': 'auto|cpu|meta',
     'balance': r'auto|even|[0-9.,]+', 'rebalance_interval': '[1, 1e9]',
@@ -139,7 +139,7 @@ resume_from, saved = rundir.claim(config, rank)
 
 # -----------------------------------------------------------------------------
 # Devices and processes: every run has a process group, one rank or many.
-device, dtype, compile, how = hardware.resolve(device, dtype, compile, local_rank)
+device, compile, how = hardware.resolve(device, compile, local_rank)
 device_type = device.split(':')[0]
 # The watchdog ends this rank, naming the silent one, when no step
 # completes for stall_timeout seconds (4× that at start-up and checkpoints).
@@ -187,11 +187,12 @@ if not pretrained:
         raw_model = GPT(model_args)
     if run_plan.init_device == 'cpu':
         raw_model.materialise('cpu', seed, draw_on=device)
+# each rank's compute dtype: its own under DDP (dtype=auto), one under FSDP
 model, autocast = parallel.wrap(raw_model, run_plan, rank, world_size,
-                                device, dtype, compile, seed)
+                                device, run_plan.dtypes[rank], compile, seed)
 optimizers = make_optimizer(model, config)
 base_lrs = [g['lr'] for g in optim.param_groups(optimizers)]
-scaler = torch.amp.GradScaler(device_type, enabled=dtype == 'float16')
+scaler = optim.scaler(device_type, run_plan.dtypes)
 reduce_every = run_plan.reduce_every_micro_batch  # FSDP: after each one
 # each rank's measured speed, and the split of the batch it calls for
 speed = Speed(device_type, rank, world_size, run_plan.ac[rank],
@@ -284,7 +285,8 @@ first = {'iter': iter_num, **run_plan.record(probed)}
 record = lambda row: None
 if master:
     record = metrics.Metrics(out_dir, iter_num, first, wandb_init)
-peaks = [hardware.peak_flops(r['gpu'], dtype) for r in ranks]  # None: CPU
+peaks = [hardware.peak_flops(r['gpu'], d)  # None: CPU
+         for r, d in zip(ranks, run_plan.dtypes)]
 trained_args = {**vars(model_args), 'block_size': block_size}
 tokens_per_step = batch_size * block_size
 

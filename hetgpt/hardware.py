@@ -274,7 +274,8 @@ def this_rank(device_type, rank, local_world, stated=None, host_bw=None):
     if device_type != 'cuda':
         # (its overhead: the process before the model, torch and the group loaded, as it is now)
         return dict(device='cpu', node=rank // local_world, host_mem=host, host_from=host_from,
-                    gpu=None, mem=stated or host // local_world, overhead=rss())
+                    gpu=None, mem=stated or host // local_world, overhead=rss(),
+                    dtype=native_dtype('cpu'))
     total = torch.cuda.mem_get_info()[1]
     if stated and stated > total:
         die(f"HETGPT_MEM_GIB states {stated / 2**30:.1f} GiB for rank {rank}, whose GPU has "
@@ -283,11 +284,30 @@ def this_rank(device_type, rank, local_world, stated=None, host_bw=None):
     # rank's own overhead then counts against what it may use.)
     return dict(device='cuda', node=rank // local_world, host_mem=host, host_from=host_from,
                 gpu=gpu_key(torch.cuda.get_device_name()), mem=stated or total,
-                overhead=None if stated else outside_allocator(), host_bw=host_bw)
+                overhead=None if stated else outside_allocator(), host_bw=host_bw,
+                dtype=native_dtype('cuda'))
 
 
-def resolve(device, dtype, compile, local_rank):
-    # train.py's device, dtype and compile knobs made concrete for this process, and a note of how.
+def native_dtype(device_type, gpu=None):
+    # The fastest dtype a device computes in without emulation, for dtype=auto: bfloat16 where it
+    # has bf16 units, else float16 (with loss scaling) on a GPU with fp16 tensor cores, else
+    # float32. A running CUDA rank asks torch without emulation (a V100 emulates bfloat16 at its
+    # float32 rate, and torch counts that unless told not to); the dry run reads the GPU table
+    # (gpu: a GPUS key); a CPU has bf16 units with AVX512-BF16 or AMX.
+    if device_type == 'cuda' and gpu is None:
+        if torch.cuda.is_bf16_supported(including_emulation=False):
+            return 'bfloat16'
+        return 'float16' if torch.cuda.get_device_capability() >= (7, 0) else 'float32'
+    if device_type == 'cuda':
+        g = GPUS.get(gpu, UNKNOWN_GPU)
+        return 'bfloat16' if g['bf16'] else 'float16' if g['fp16'] else 'float32'
+    return 'bfloat16' if any(getattr(torch.cpu, f, bool)() for f in (
+        '_is_avx512_bf16_supported', '_is_amx_tile_supported')) else 'float32'
+
+
+def resolve(device, compile, local_rank):
+    # train.py's device and compile knobs made concrete for this process, and a note of how. (The
+    # dtype is the plan's: each rank's native_dtype under DDP, one for all under FSDP.)
     if device == 'auto':
         device = 'cuda' if torch.cuda.is_available() else 'cpu'
     if device.startswith('cuda'):
@@ -297,18 +317,8 @@ def resolve(device, dtype, compile, local_rank):
         torch.cuda.set_device(device)  # before the process group: NCCL binds to the current device
         # float32 matmuls on TF32 tensor cores (as peak_flops counts float32)
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    why = 'set'
-    if dtype == 'auto':  # bfloat16 where the hardware computes it (CUDA; a CPU with AVX512-BF16)
-        # (not emulated: a V100 runs bfloat16 at its float32 rate, and torch counts that unless
-        # told not to)
-        native = torch.cuda.is_bf16_supported(including_emulation=False) \
-            if device.startswith('cuda') else any(
-            getattr(torch.cpu, f, bool)() for f in ('_is_avx512_bf16_supported',
-                                                    '_is_amx_tile_supported'))
-        dtype, why = ('bfloat16', 'auto: native bfloat16') if native else \
-            ('float32', 'auto: no native bfloat16')
     how = 'compiled' if compile else 'eager'
     if compile and device == 'cpu' and not (shutil.which('g++') or shutil.which('c++')):
         # inductor writes C++ for the CPU: without a compiler, run eager and say so
         compile, how = False, 'eager: no C++ compiler for torch.compile'
-    return device, dtype, compile, f"{dtype} ({why}), {how}"
+    return device, compile, how

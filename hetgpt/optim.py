@@ -11,6 +11,16 @@ from hetgpt.ckpt import checkpoints
 from hetgpt.errors import die
 
 
+def scaler(device_type, dtypes):
+    # float16's loss scale (dtypes: each rank's compute dtype), on every rank when any computes in
+    # float16, so that every rank's gradient is scaled alike before they are summed. One scale for
+    # all: each rank's overflow check is reduced over ranks (ShardedGradScaler's unscale_; FSDP's
+    # gradients are shards, and DDP's are the same sum on every rank), so every rank skips the
+    # same steps and changes the scale alike.
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+    return ShardedGradScaler(device_type, enabled='float16' in dtypes)
+
+
 def step(model, optimizers, scaler, grad_clip):
     # One update from the accumulated gradients. Returns the gradient norm before clipping (a
     # tensor, not read here) and whether the update was skipped (a tensor too).
@@ -19,13 +29,14 @@ def step(model, optimizers, scaler, grad_clip):
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or float('inf'))
     norm = norm.full_tensor() if hasattr(norm, 'full_tensor') else norm  # FSDP: a DTensor
     bad = ~torch.isfinite(norm)  # a non-finite loss or gradient: no update (the batch is lost)
+    # (not scaler.step: the gradients are unscaled, and bad is the same on every rank)
     for opt in optimizers:
         if opt.defaults.get('fused'):  # the kernel skips it itself: the host does not wait
             opt.found_inf = bad.float()
-            scaler.step(opt)
+            opt.step()
         elif not bad:  # (one scalar to the host per step)
-            scaler.step(opt)
-    scaler.update()
+            opt.step()
+    scaler.update()  # (from unscale_'s overflow checks, reduced over ranks)
     for opt in optimizers:
         opt.zero_grad(set_to_none=True)
     return norm, bad

@@ -19,7 +19,8 @@ from hetgpt.errors import die
 from hetgpt import costs
 from hetgpt.costs import (_config, activation_bytes, counts, flops_per_sequence,
                    optimizer_state_bytes, optimizer_updates_shards_alone)
-from hetgpt.hardware import GPUS, HOST_BW, HOST_THREAD_BW, UNKNOWN_GPU, peak_flops
+from hetgpt.hardware import (GPUS, HOST_BW, HOST_THREAD_BW, UNKNOWN_GPU, native_dtype,
+                             peak_flops)
 from model import LOSS_CHUNK, GPTConfig
 
 GiB = 2**30
@@ -55,6 +56,7 @@ HOST_FRACTION = 0.9    # of a host's memory (a CPU rank's, a node's): the kernel
                        # cache's share, which no process counts (a guess)
 
 # The rungs, cheapest first: each saves memory the one before it holds, at a cost in time.
+DTYPES = ('bfloat16', 'float16', 'float32')  # (dtype=auto under FSDP: tried in this order)
 STRATEGIES = ('ddp', 'ddp+ac', 'fsdp-noreshard', 'fsdp', 'fsdp+ac', 'fsdp+offload',
               'fsdp+ac+offload')
 
@@ -202,7 +204,9 @@ class Plan:
     batch_size: int = 0
     block_size: int = 0
     n_params: int = 0
-    dtype: str = 'bfloat16'
+    dtype: str = 'bfloat16'         # the ranks' compute dtype, or 'mixed' (dtypes)
+    dtypes: list = None             # each rank's compute dtype
+    dtype_steps: list = field(default_factory=list)  # FSDP, dtype=auto: (dtype, step) tried
     candidates: list = field(default_factory=list)  # (strategy, fits, predicted step time)
     config: GPTConfig = None
     weights: list = None            # balance by these weights; None: by speed
@@ -233,25 +237,26 @@ class Plan:
         g = lambda x: '-' if x is None else f"{x / GiB:.1f}"
         parts = ('params', 'grads', 'optim', 'activations', 'other', 'total')
         out = [f"plan: {self.strategy} ({'fits' if self.fits else 'does NOT fit'}), "
-               f"{len(self.ranks)} rank(s), {self.n_params:,} parameters, {self.dtype}, batch "
+               f"{len(self.ranks)} rank(s), {self.n_params:,} parameters, "
+               f"{self.dtype if self.dtype != 'mixed' else 'dtype by rank'}, batch "
                f"{self.batch_size} × {self.block_size} tokens; memory in GiB",
-               f"{'rank':>5} {'node':>5} {'device':<14} {'share':>5} {'micro×acc':>9} ac     "
+               f"{'rank':>5} {'node':>5} {'device':<14} {'dtype':<5} {'share':>5} {'micro×acc':>9} ac     "
                + ''.join(f"{p[:5]:>8}" for p in parts)
                + f"{'budget':>8}{'host/node':>10}{'tok/s':>10}{'MFU':>6}"]
         rows = []  # (rank, node, the rest of its lines)
         for i, r in enumerate(self.ranks):
             p, mb = self.predicted[i], f"{max(self.micro_batches[i])}×{self.accum[i]}"
             tps = self.share[i] * self.block_size / (self.step_time or 1)
-            peak = _peak(r, self.dtype)
+            peak = _peak(r, self.dtypes[i])
             mfu = costs.mfu(self.config, self.share[i], self.step_time, peak)
-            lines = [f" {r['gpu'] or r['device']:<14} {self.share[i]:>5} "
+            lines = [f" {r['gpu'] or r['device']:<14} {SHORT[self.dtypes[i]]:<5} {self.share[i]:>5} "
                      f"{mb:>9} {'yes' if self.ac[i] else 'no':<3} pred"
                      + ''.join(f"{g(p[k]):>8}" for k in parts)
                      + f"{g(r['budget']):>8}{g(p['host']) if p['host'] else '-':>10}"
                      + (f"{tps:>10,.0f}" if self.step_time else f"{'-':>10}")
                      + (f"{mfu:>6.0%}" if mfu else f"{'-':>6}")]
             if measured and i < len(measured) and measured[i]:
-                lines.append(f"{'':>35} meas" + ''.join(f"{g(measured[i].get(k)):>8}" for k in parts)
+                lines.append(f"{'':>41} meas" + ''.join(f"{g(measured[i].get(k)):>8}" for k in parts)
                              + f"{'':>8}{g(measured[i].get('host')):>10}")
             rows.append((i, r['node'], lines))
         # consecutive ranks that would print the same lines: one row, "0-63"
@@ -272,6 +277,10 @@ class Plan:
                        + (f", MFU {self.mfu:.0%}" if self.mfu else '')
                        + f" (matmuls at {EFFICIENCY:.0%} of dense peak, links at "
                        f"{LINK_EFFICIENCY:.0%}, NICs at {NIC_EFFICIENCY:.0%})")
+        if len(self.dtype_steps) > 1:  # FSDP gathers one dtype: the faster of the ranks' own
+            out.append(f"dtype: {self.dtype} on every rank (FSDP gathers the weights in one "
+                       f"dtype), the fastest of: " + ' | '.join(
+                           f"{d} {f'{t:.3g} s' if t else 'x'}" for d, t in self.dtype_steps))
         out.append('candidates: ' + ' | '.join(f"{s} {f'{t:.3g} s' if ok else 'x'}"
                                                for s, ok, t in self.candidates))
         if self.advice:
@@ -299,6 +308,9 @@ def _dev(rank):
     return GPUS.get(rank.get('gpu')) or UNKNOWN_GPU
 
 
+SHORT = {'bfloat16': 'bf16', 'float16': 'fp16', 'float32': 'fp32'}
+
+
 def _peak(rank, dtype):
     return peak_flops(rank['gpu'], dtype) if rank['device'] == 'cuda' else None
 
@@ -307,6 +319,8 @@ def _normalise(ranks, fraction):
     out = [dict(dict(gpu=None, node=0, host_mem=None), **r) for r in ranks]
     for r in out:
         r.setdefault('device', 'cuda' if r['gpu'] else 'cpu')
+        # (a running rank's, from torch; a planned one's, from the GPU table)
+        r.setdefault('dtype', native_dtype(r['device'], r['gpu'] or 'unknown'))
         assert r.get('mem') or r['gpu'] in GPUS, \
             f"rank {r}: give mem (bytes) for a CPU rank or a GPU not in GPUS"
         r['mem'] = r.get('mem') or GPUS[r['gpu']]['mem']
@@ -357,36 +371,58 @@ def _host_bw(ranks):
     return bw
 
 
-def _evaluate(cfg, batch, ranks, strategy, mbs, dtype, inter_node_bw, weights=None, choose=True):
-    # FSDP accumulates in one of two ways: reduce-scatter after every micro-batch (gradients stay
-    # sharded), or accumulate unsharded fp32 gradients and reduce once per step (+4P bytes, fewer
-    # collectives). The second is tried when the first fits and needs several micro-batches.
-    run = lambda accumulate: _evaluate_one(cfg, batch, ranks, strategy, mbs, dtype, inter_node_bw,
-                                           accumulate, weights, choose)
-    first = run(False)
-    if flags(strategy)['shard'] and 'step' in first and max(_counts(first)) > 1:
-        second = run(True)
-        if 'step' in second and second['step'] < first['step']:
-            return second
-    return first
+def dtype_options(ranks, shard, given):
+    # The compute dtypes (one per rank) a strategy may run, each rank's r['dtype'] being its own
+    # (native, or given by the dtype knob). DDP keeps float32 weights on every rank and each rank
+    # autocasts to its own; FSDP2 gathers the weights in one dtype for all: each rank's own on
+    # every rank (the others emulate bfloat16 at their float32 rate, or scale float16's loss),
+    # unless given (several given: none).
+    own = [r['dtype'] for r in ranks]
+    if not shard or len(set(own)) == 1:
+        return [own]
+    return [] if given else [[d] * len(ranks) for d in DTYPES if d in own]
 
 
-def _evaluate_one(cfg, batch, ranks, strategy, mbs, dtype, inter_node_bw, accumulate,
-                  weights=None, choose=True):
+def _evaluate(cfg, batch, ranks, strategy, mbs, given, inter_node_bw, weights=None,
+              choose=True):
+    # The strategy under each choice of dtypes (dtype_options): the fastest that fits, else the
+    # last. FSDP accumulates in one of two ways: reduce-scatter after every micro-batch (gradients
+    # stay sharded), or accumulate unsharded fp32 gradients and reduce once per step (+4P bytes,
+    # fewer collectives). The second is tried when the first fits and needs several micro-batches.
+    tried = []
+    for dtypes in dtype_options(ranks, flags(strategy)['shard'], given):
+        typed = [dict(r, dtype=d) for r, d in zip(ranks, dtypes)]
+        run = lambda accumulate: _evaluate_one(cfg, batch, typed, strategy, mbs, inter_node_bw,
+                                               accumulate, weights, choose)
+        best = run(False)
+        if flags(strategy)['shard'] and 'step' in best and max(_counts(best)) > 1:
+            second = run(True)
+            if 'step' in second and second['step'] < best['step']:
+                best = second
+        tried.append(dict(best, dtypes=dtypes))
+    ok = [r for r in tried if 'step' in r]
+    best = min(ok, key=lambda r: r['step']) if ok else tried[-1]
+    best['dtype_steps'] = [(r['dtypes'][0], r.get('step')) for r in tried] if len(tried) > 1 else []
+    return best
+
+
+def _evaluate_one(cfg, batch, ranks, strategy, mbs, inter_node_bw, accumulate, weights=None,
+                  choose=True):
     # One strategy on these ranks: caps, host check, split, predicted step time. choose: under
     # DDP+AC each rank checkpoints only if that is faster (a rank that cannot hold one sequence
-    # without it; not one whose micro-batch without it is merely smaller).
+    # without it; not one whose micro-batch without it is merely smaller). Each rank computes in
+    # its r['dtype'].
     f, R, n = flags(strategy), len(ranks), counts(cfg)
     per_node = Counter(r['node'] for r in ranks)
     # a CPU rank's RAM holds its device bytes and its host bytes
     used = lambda r, e: e['total'] + (e['host_rank'] if r['device'] == 'cpu' else 0)
     est = lambda r, b, micro_batches=2, s=strategy: estimate(
-        cfg, s, b, R, dtype, per_node[r['node']], r['overhead'], r['device'], accumulate,
+        cfg, s, b, R, r['dtype'], per_node[r['node']], r['overhead'], r['device'], accumulate,
         micro_batches)
     memo = {}
 
     def cap(r, s):  # the largest micro-batch under the budget (totals grow with it)
-        key = (r['device'], r['mem'], r['overhead'], per_node[r['node']], s)
+        key = (r['device'], r['mem'], r['overhead'], r['dtype'], per_node[r['node']], s)
         if key not in memo:
             budget, low, high = r['budget'], 0, batch
             while low < high:
@@ -413,7 +449,7 @@ def _evaluate_one(cfg, batch, ranks, strategy, mbs, dtype, inter_node_bw, accumu
         return result
     # Time. Compute: FLOPs at peak × EFFICIENCY per sequence, plus launches per micro-batch.
     rate = lambda r: CPU_FLOPS if r['device'] == 'cpu' else \
-        (_peak(r, dtype) or _dev(r)['bf16'] * 1e12) * EFFICIENCY
+        (_peak(r, r['dtype']) or _dev(r)['bf16'] * 1e12) * EFFICIENCY
     c0 = [cfg.n_layer * LAUNCH_S + ((cfg.n_layer + 1) * FSDP_GROUP_S if f['shard'] else 0.0)] * R
     per_sequence = lambda r, ac, cap: flops_per_sequence(cfg, ac) / rate(r) + c0[0] / cap
     ac = [f['ac']] * R
@@ -436,7 +472,7 @@ def _evaluate_one(cfg, batch, ranks, strategy, mbs, dtype, inter_node_bw, accumu
     opt = [step_bytes * (per_node[r['node']] / host[r['node']] if on_host(r)
                          else 1 / (_dev(r)['hbm'] * 1e9 * HBM_EFFICIENCY)) for r in ranks]
     bw, ring = _bandwidth(ranks, inter_node_bw), (R - 1) / R
-    cb = 4 if dtype in ('float32', 'fp32') else 2
+    cb = 4 if ranks[0]['dtype'] == 'float32' else 2  # (FSDP's gathers: one dtype)
     if batch > EXACT:  # the same, in closed form: micro-batches as runs of equal sizes
         step, share, sizes = _time_runs(batch, caps, c0, c1, opt, f, n, R, ring, bw, cb,
                                         _comm(f, n, R, ring, bw, cb, ranks, per_node, accumulate,
@@ -476,7 +512,7 @@ def _evaluate_one(cfg, batch, ranks, strategy, mbs, dtype, inter_node_bw, accumu
     largest = [max(n for n, k in ms if k) if batch > EXACT else max(ms) for ms in sizes]
     predicted = [est(r, max(b, 1), count, s)
                  for r, b, count, s in zip(ranks, largest, _counts(result), ranks_strategy)]
-    peaks = [_peak(r, dtype) for r in ranks]
+    peaks = [_peak(r, r['dtype']) for r in ranks]
     mfu = costs.mfu(cfg, batch, step, sum(peaks) if all(peaks) else None)
     result.update(share=share, predicted=predicted, step=step, mfu=mfu, ac=ac,
                   tokens_per_sec=batch * cfg.block_size / step)
@@ -568,10 +604,9 @@ def _grow(ranks, k):
     return [dict(r, node=i // per) for i, r in enumerate(ranks * k)]
 
 
-def _advice(cfg, batch, ranks, plan, mbs, dtype, inter_node_bw, results):
+def _advice(cfg, batch, ranks, plan, tried, mbs, given, inter_node_bw, results):
     # What would make it fit, computed: more host memory (offload), more of the same GPUs, a
     # shorter sequence. (The global batch never matters: accumulation reaches any batch.)
-    tried = [s for s in STRATEGIES if plan in ('auto', s)]
     # why: the rung that comes closest on the device, and the host memory of the offload rungs
     why = ''
     if not any(r['device_ok'] for r in results):
@@ -596,7 +631,7 @@ def _advice(cfg, batch, ranks, plan, mbs, dtype, inter_node_bw, results):
                 needs['host_mem_per_node'] = host
                 ways.append(f"host memory >= {host / GiB:,.0f} GiB per node ({r['strategy']})")
     if all(r['device'] == 'cuda' for r in ranks) and (plan == 'auto' or flags(plan)['shard']):
-        fits = lambda k: any('step' in _evaluate(cfg, batch, _grow(ranks, k), s, mbs, dtype,
+        fits = lambda k: any('step' in _evaluate(cfg, batch, _grow(ranks, k), s, mbs, given,
                                                  inter_node_bw) for s in tried)
         lo, hi = 1, 2
         while hi * len(ranks) <= 4096 and not fits(hi):
@@ -616,7 +651,7 @@ def _advice(cfg, batch, ranks, plan, mbs, dtype, inter_node_bw, results):
         r = next(r for r in results if r['strategy'] == s)
         if r['host_ok'] and not r['device_ok']:
             ok = lambda t: _evaluate(replace(cfg, block_size=t), max(1, mbs) * len(ranks), ranks,
-                                     s, mbs, dtype, inter_node_bw)['device_ok']
+                                     s, mbs, given, inter_node_bw)['device_ok']
             sizes = [2**k for k in range(cfg.block_size.bit_length()) if 2**k < cfg.block_size]
             lo, hi = -1, len(sizes)  # sizes[lo] fits (-1: none), sizes[hi] does not
             while hi - lo > 1:
@@ -647,33 +682,47 @@ def batch_of(batch_size, gradient_accumulation_steps=0, micro_batch_size=0):
 
 
 def make_plan(model_config, batch_size, ranks, plan='auto', micro_batch_size=0,
-              memory_fraction=1.0, dtype='bfloat16', inter_node_bw=None, weights=None,
+              memory_fraction=1.0, dtype='auto', inter_node_bw=None, weights=None,
               init_device='auto'):
     # ranks: one dict per rank: device 'cuda'|'cpu', gpu (GPUS key or None), mem (device bytes the
     # rank may use; a CPU rank: its share of host memory), host_mem (its node's host bytes, None =
     # not checked), node, overhead (bytes outside PyTorch's allocator; None = default). Every
     # candidate that fits is timed; the fastest wins (ties: lower rung). weights: split the batch
-    # in proportion to them (balance=even or w1,w2,...) instead of by speed.
+    # in proportion to them (balance=even or w1,w2,...) instead of by speed. dtype: train.py's
+    # knob: auto (each rank's own, r['dtype'] or native_dtype; one under FSDP, the fastest), one
+    # dtype for all, or one per rank (DDP only).
     cfg = _config(model_config)
     ranks = _normalise(ranks, memory_fraction)
-    dtype = str(dtype).replace('torch.', '')
+    given = str(dtype).replace('torch.', '').split(',')
     assert plan == 'auto' or plan in STRATEGIES, \
         f"plan={plan!r}: choose auto or one of {', '.join(STRATEGIES)}"
+    assert set(given) <= {'auto', *DTYPES}, f"dtype={dtype!r}: auto or some of {DTYPES}"
+    if given != ['auto'] and len(given) not in (1, len(ranks)) or 'auto' in given[1:]:
+        die(f"dtype={dtype}: give auto, one dtype, or one per rank ({len(ranks)}), like "
+            + ','.join(['bfloat16'] * len(ranks)))
+    if given != ['auto']:
+        ranks = [dict(r, dtype=given[i % len(given)]) for i, r in enumerate(ranks)]
+    given = given != ['auto']
     tried = STRATEGIES if plan == 'auto' else (plan,)
+    if len({r['dtype'] for r in ranks}) > 1 and given:
+        if flags(tried[0])['shard'] and plan != 'auto':
+            die(f"plan={plan} with dtype={dtype}: FSDP gathers the weights in one dtype for all "
+                f"ranks; use plan=ddp or plan=ddp+ac, or one dtype")
+        tried = tuple(s for s in tried if not flags(s)['shard'])
     if not optimizer_updates_shards_alone():
         if flags(tried[0])['shard'] and plan != 'auto':
             die(f"plan={plan}: model.make_optimizer's update of a matrix is not the update of its "
                 f"row shards (FSDP would change it): use plan=ddp or plan=ddp+ac")
         tried = tuple(s for s in tried if not flags(s)['shard'])
     evaluate = functools.partial(_evaluate, cfg, batch_size, ranks, mbs=micro_batch_size,
-                                 dtype=dtype, inter_node_bw=inter_node_bw, weights=weights,
+                                 given=given, inter_node_bw=inter_node_bw, weights=weights,
                                  choose=plan == 'auto')
     results = [evaluate(strategy=s) for s in tried]
     feasible = [r for r in results if 'step' in r]
     best = min(feasible, key=lambda r: r['step']) if feasible else None
     advice, needs = '', {}
     if best is None:
-        advice, needs = _advice(cfg, batch_size, ranks, plan, micro_batch_size, dtype,
+        advice, needs = _advice(cfg, batch_size, ranks, plan, tried, micro_batch_size, given,
                                 inter_node_bw, results)
         if plan != 'auto':
             auto = make_plan(cfg, batch_size, ranks, 'auto', micro_batch_size, memory_fraction,
@@ -685,9 +734,9 @@ def make_plan(model_config, batch_size, ranks, plan='auto', micro_batch_size=0,
         per_node = Counter(x['node'] for x in ranks)
         best.update(share=[0] * len(ranks), sizes=[[1]] * len(ranks), step=0.0, mfu=None,
                     tokens_per_sec=0.0, ac=[flags(best['strategy'])['ac']] * len(ranks),
-                    predicted=[estimate(cfg, best['strategy'], 1, len(ranks), dtype,
+                    predicted=[estimate(cfg, best['strategy'], 1, len(ranks), d,
                                         per_node[r['node']], r['overhead'], r['device'])
-                               for r in ranks])
+                               for r, d in zip(ranks, best['dtypes'])])
     elif any(r['host_mem'] is None for r in ranks) and flags(best['strategy'])['offload']:
         advice = "host memory not given: not checked"
     # Where the weights are first made: 'cpu', the whole model on the host (the same weights under
@@ -705,7 +754,9 @@ def make_plan(model_config, batch_size, ranks, plan='auto', micro_batch_size=0,
                 predicted=best['predicted'], step_time=best['step'],
                 tokens_per_sec=best['tokens_per_sec'], mfu=best['mfu'], fits=bool(feasible),
                 advice=advice, needs=needs, ranks=ranks, batch_size=batch_size,
-                block_size=cfg.block_size, n_params=total, dtype=dtype, weights=weights,
+                block_size=cfg.block_size, n_params=total, weights=weights,
+                dtype=best['dtypes'][0] if len(set(best['dtypes'])) == 1 else 'mixed',
+                dtypes=best['dtypes'], dtype_steps=best['dtype_steps'],
                 candidates=[(r['strategy'], 'step' in r, r.get('step')) for r in results],
                 config=cfg)
 

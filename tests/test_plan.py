@@ -270,7 +270,7 @@ def test_offload_accumulation_adds_gradients_on_the_host():
     host_add = 4 * P / pcie + 12 * P / H200_HOST
     adam = ADAMW_STEP_BYTES * P / H200_HOST
     ranks = planner._normalise(cluster('H200', 1, host_gib=1024), 0.9)
-    r = planner._evaluate_one(cfg, 2 * K, ranks, 'fsdp+offload', 2, 'bfloat16', None, accumulate=False)
+    r = planner._evaluate_one(cfg, 2 * K, ranks, 'fsdp+offload', 2, None, accumulate=False)
     assert r['sizes'] == [[2] * K]
     assert r['step'] == pytest.approx(K * per_micro_batch + (K - 1) * host_add + adam, rel=1e-6)
 
@@ -282,7 +282,10 @@ def test_an_empty_micro_batch_costs_one_sequence(strategy):
     cfg, _ = load('gpt_111m')
     p = planner.make_plan(cfg, 1, cluster('H100-SXM', 1) + cluster('V100-32GB', 1), plan=strategy)
     assert p.fits and p.share == [1, 0]
-    v100_sequence = cfg.block_size * flops_per_token(cfg) / (15.7e12 * planner.EFFICIENCY)  # no bf16 units
+    # dtype=auto: the V100 computes in float16 (125 TFLOP/s; it has no bf16 units), under FSDP
+    # with the H100 (float16 on both is faster than bfloat16 with the V100 at its float32 rate)
+    assert p.dtypes == (['bfloat16', 'float16'] if strategy == 'ddp' else ['float16'] * 2)
+    v100_sequence = cfg.block_size * flops_per_token(cfg) / (125e12 * planner.EFFICIENCY)
     assert p.step_time >= v100_sequence
 
 
@@ -449,6 +452,7 @@ def test_cuda_overhead_is_measured_at_start_up(monkeypatch):
     monkeypatch.setattr(torch.cuda, 'mem_get_info', lambda *a: (free, total))
     monkeypatch.setattr(torch.cuda, 'memory_reserved', lambda *a: reserved)
     monkeypatch.setattr(torch.cuda, 'get_device_name', lambda *a: 'NVIDIA H200')
+    monkeypatch.setattr(torch.cuda, 'is_bf16_supported', lambda including_emulation=True: True)
     me = hardware.this_rank('cuda', 0, 1, host_bw=7e9)  # (train.py: costs.host_step_rate)
     assert me['gpu'] == 'H200' and me['mem'] == total and me['overhead'] == total - free - reserved
     assert me['host_bw'] == 7e9
@@ -469,6 +473,7 @@ def test_a_stated_memory_is_the_rank_s_budget_and_its_probe_room(monkeypatch):
     monkeypatch.setattr(torch.cuda, 'mem_get_info', lambda *a: (total // 2, total))
     monkeypatch.setattr(torch.cuda, 'memory_reserved', lambda *a: 0)
     monkeypatch.setattr(torch.cuda, 'get_device_name', lambda *a: 'NVIDIA H200')
+    monkeypatch.setattr(torch.cuda, 'is_bf16_supported', lambda including_emulation=True: True)
     monkeypatch.setenv('HETGPT_MEM_GIB', '20,80')
     tight, roomy = (hardware.this_rank('cuda', r, 2, hardware.stated_memory(r)) for r in (0, 1))
     assert (tight['mem'], roomy['mem'], tight['overhead']) == (20 * GiB, 80 * GiB, None)
@@ -575,14 +580,18 @@ def test_where_the_weights_are_first_made():
 
 def test_dtype_auto_takes_bfloat16_only_where_the_gpu_computes_it(monkeypatch):
     # torch.cuda.is_bf16_supported() is True on a V100, which emulates bfloat16 at its float32
-    # rate: dtype=auto asks without emulation (issue 27), and a V100 trains in float32
-    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
-    monkeypatch.setattr(torch.cuda, 'set_device', lambda device: None)
-    for native, expected in ((False, 'float32'), (True, 'bfloat16')):  # a V100; an A100
+    # rate: dtype=auto asks without emulation (issue 27); a GPU without native bfloat16 computes
+    # in float16 from compute capability 7.0 (Volta's tensor cores), else in float32. The dry run
+    # reads the same from the GPU table.
+    for native, capability, expected in ((False, (7, 0), 'float16'), (True, (8, 0), 'bfloat16'),
+                                         (False, (6, 1), 'float32')):  # a V100, an A100, a P40
         monkeypatch.setattr(torch.cuda, 'is_bf16_supported',
                             lambda including_emulation=True: including_emulation or native)
-        _, dtype, _, how = hardware.resolve('cuda', 'auto', False, 0)
-        assert dtype == expected and how.startswith(f"{expected} (auto: "), how
+        monkeypatch.setattr(torch.cuda, 'get_device_capability', lambda device=None: capability)
+        assert hardware.native_dtype('cuda') == expected
+    for gpu, expected in (('V100-32GB', 'float16'), ('RTX2080Ti', 'float16'), ('T4', 'float16'),
+                          ('A100-80GB', 'bfloat16'), ('H100-SXM', 'bfloat16')):
+        assert hardware.native_dtype('cuda', gpu) == expected, gpu
 
 
 def test_the_dry_run_says_the_whole_run_and_the_torchrun_line_of_each_node(capsys):
@@ -622,24 +631,39 @@ def test_an_emulated_dtype_runs_at_the_float32_rate():
     assert hardware.gpu_key('NVIDIA GeForce RTX 2080') is None  # not the Ti: not in the table
 
 
-def test_what_each_gpu_kind_adds_and_the_dtype_that_is_faster(capsys):
+def test_what_each_gpu_kind_adds_and_the_dtype_each_computes_in(capsys):
     # 1.3B on 2 A100-80GB + 2 V100-32GB over two nodes (issue 27). A V100 has no bfloat16 tensor
     # cores: in bfloat16 it runs at its float32 rate (15.7 TFLOP/s), in float16 at 125; an A100 at
     # 312 in both. Split by speed, the V100s' share of the batch is their share of the rate, and
-    # the step's tokens/s go as the total rate: float16 gives (2×312 + 2×125) / (2×312 + 2×15.7)
-    # - 1 = +33.4%. plan.py says what the V100s add and that --dtype=float16 is faster.
+    # the step's tokens/s go as the total rate: float16 on the V100s gives (2×312 + 2×125) /
+    # (2×312 + 2×15.7) - 1 = +33.4% over bfloat16 everywhere. dtype=auto computes each GPU in its
+    # fastest (DDP), or all in float16 (FSDP); plan.py says what the V100s add and, from
+    # --dtype=bfloat16, that auto is faster.
     import re
     a100, v100 = {'bfloat16': 312, 'float16': 312}, {'bfloat16': 15.7, 'float16': 125}
     ranks = plan._cluster('2xA100-80GB,2xV100-32GB', 2, None)
     cfg, batch = load('gpt_1p3b')
-    for dtype in ('bfloat16', 'float16'):
+    for dtype in ('bfloat16', 'float16', 'auto'):
         p = planner.make_plan(cfg, batch, ranks, dtype=dtype)
-        share = 2 * v100[dtype] / (2 * a100[dtype] + 2 * v100[dtype])
+        v = 'float16' if dtype == 'auto' else dtype
+        share = 2 * v100[v] / (2 * a100[v] + 2 * v100[v])
         assert sum(p.share[2:]) / batch == pytest.approx(share, rel=0.1), (dtype, p.share)
-    assert plan.main([str(ROOT / 'configs' / 'gpt_1p3b.py'), '--gpus', '2xA100-80GB,2xV100-32GB',
-                      '--nodes', '2']) == 0
+        assert p.dtypes[2:] == [v] * 2
+        assert p.dtypes[:2] == ([v] * 2 if dtype != 'auto' or p.shard else ['bfloat16'] * 2)
+    ratio = lambda dtype: (planner.make_plan(cfg, batch, ranks, dtype=dtype).tokens_per_sec
+                           / planner.make_plan(cfg, batch, ranks, dtype='bfloat16').tokens_per_sec)
+    gain = (2 * 312 + 2 * 125) / (2 * 312 + 2 * 15.7)
+    assert ratio('auto') == pytest.approx(gain, abs=0.03)
+    assert ratio('float16') == pytest.approx(gain, abs=0.03)
+    gpus = [str(ROOT / 'configs' / 'gpt_1p3b.py'), '--gpus', '2xA100-80GB,2xV100-32GB', '--nodes', '2']
+    assert plan.main(gpus) == 0
     out = capsys.readouterr().out
     assert re.search(r'^the 2 × V100-32GB add \+[\d.]+% tokens/s$', out, re.M), out
-    gain = float(re.search(r'^--dtype=float16 \(here and in train.py\) would give \+([\d.]+)% '
+    assert re.search(r'^ +2-3 +1 V100-32GB +fp16 ', out, re.M), out
+    assert '--dtype=' not in out  # (auto is the fastest)
+    assert plan.main(gpus + ['--dtype', 'bfloat16']) == 0
+    out = capsys.readouterr().out
+    assert re.search(r'^ +2-3 +1 V100-32GB +bf16 ', out, re.M), out
+    said = float(re.search(r'^--dtype=auto \(here and in train.py\) would give \+([\d.]+)% '
                            r'tokens/s$', out, re.M)[1]) / 100
-    assert gain == pytest.approx((2 * 312 + 2 * 125) / (2 * 312 + 2 * 15.7) - 1, abs=0.03)
+    assert said == pytest.approx(gain - 1, abs=0.03)

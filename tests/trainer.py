@@ -76,8 +76,8 @@ def run_here(monkeypatch, capfd, script, *args):
 
 
 # A row of the plan table: its rank (or a span of ranks that print alike, "0-3"), node(s),
-# device, share, micro-batch × count, ac
-PLAN_ROW = r'^\s*(\d+)(?:-(\d+))?\s+[\d-]+\s+{}\s+(\d+)\s+(\d+)×(\d+)\s+(yes|no)\s+pred'
+# device, dtype, share, micro-batch × count, ac
+PLAN_ROW = r'^\s*(\d+)(?:-(\d+))?\s+[\d-]+\s+{}\s+(?:bf16|fp16|fp32)\s+(\d+)\s+(\d+)×(\d+)\s+(yes|no)\s+pred'
 
 
 def plan_rows(stdout, device='cpu'):
