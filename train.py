@@ -268,6 +268,7 @@ if resume_from:
     resumed, took = ckpt.load(resume_from, model, optimizers, model_args)
     joined = membership.membership(resumed.get('machines'), machines)
     log(f"resumed from {resume_from} ({took}) at iter {resumed['iter']}{joined}")
+    optim.restore_scale(scaler, resumed.get('loss_scale'))  # (float16's)
 iter_num = resumed.get('iter', 0)
 best_val = resumed.get('best_val_loss')  # (nanoGPT's saving on a new best)
 best_val = best_val if type(best_val) is float else math.inf
@@ -335,7 +336,7 @@ if iter_num == 0 or eval_only:
 # -----------------------------------------------------------------------------
 # The loop
 sizes = run_plan.micro_batches  # every rank's (rebalanced as measured)
-bad_steps = optim.BadSteps(device, max_bad_steps, out_dir)
+bad_steps = optim.BadSteps(device, max_bad_steps, out_dir, scaler)
 host_reset = hardware.reset_peaks(device_type)  # the steps' peaks from here
 t_log, steps_since = time.perf_counter(), 0
 loss_acc = torch.zeros((), device=device)
@@ -391,7 +392,8 @@ while iter_num < max_iters and not eval_only:
         watchdog.progress(limit_factor=4)
         meta = {'model_args': vars(model_args), 'config': config,
                 'machines': machines, 'fingerprint': fingerprint,
-                'best_val_loss': None if best_val == math.inf else best_val}
+                'best_val_loss': None if best_val == math.inf else best_val,
+                'loss_scale': scaler.get_scale() if scaler.is_enabled() else None}
         path, took = ckpt.save(out_dir, iter_num, model, optimizers, meta, keep_last)
         log(f"iter {iter_num}: checkpoint written to {path} ({took})")
     if stopping:

@@ -3,6 +3,7 @@ The optimizer step, for the list of optimizers model.make_optimizer builds: grad
 and clipped, the update skipped when they are not finite, and such steps counted; and the
 probe's steps that leave the weights as they are.
 """
+import math
 from contextlib import contextmanager
 
 import torch
@@ -19,6 +20,15 @@ def scaler(device_type, dtypes):
     # same steps and changes the scale alike.
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
     return ShardedGradScaler(device_type, enabled='float16' in dtypes)
+
+
+def restore_scale(scaler, scale):
+    # A checkpoint's loss scale (a float16 run's), so that a resumed run does not search for it
+    # again from 2^16 (each overflow a lost batch). Anything else there: the default start.
+    if scaler.is_enabled() and type(scale) is float and 0 < scale < math.inf:
+        state = scaler.state_dict()
+        state['scale'] = scale
+        scaler.load_state_dict(state)
 
 
 def step(model, optimizers, scaler, grad_clip):
@@ -66,11 +76,14 @@ def frozen(optimizers):
 # Updates skipped for a non-finite loss or gradient (the batch is not seen again). Counted on the
 # device, so that a step never waits for the host: steps in a row, the most of them in a row and
 # their count since the last log line; the log line says so, and `limit` in a row stop the run.
+# Under float16's loss scale, which starts at 2^16 and halves at each overflow, the halvings down to
+# 1 are the scale finding its level, not the run failing: they add to the limit.
 class BadSteps:
 
-    def __init__(self, device, limit, out_dir):
+    def __init__(self, device, limit, out_dir, scaler):
         self.run = self.worst = self.skipped = torch.zeros((), device=device)
-        self.limit, self.out_dir = limit, out_dir
+        halvings = math.ceil(math.log2(scaler.get_scale())) if scaler.is_enabled() else 0
+        self.limit, self.out_dir, self.scaler = limit + max(0, halvings), out_dir, scaler
 
     def add(self, bad):
         self.run = (self.run + 1) * bad
@@ -79,7 +92,8 @@ class BadSteps:
     def report(self, iter_num, steps, log):
         if self.skipped.item():
             log(f"iter {iter_num}: {int(self.skipped)} of the last {steps} updates skipped: "
-                f"loss or gradients not finite")
+                f"loss or gradients not finite" + (f" (float16's loss scale now "
+                f"{self.scaler.get_scale():g})" if self.scaler.is_enabled() else ''))
         if self.worst.item() >= self.limit:
             die(f"{int(self.worst)} steps in a row with non-finite loss or gradients, by iter "
                 f"{iter_num - 1}; the last good checkpoint is "

@@ -97,3 +97,42 @@ def test_dtypes_per_rank_are_refused_where_they_cannot_run(work):
                                       if line.startswith('[rank'))
     for out in ('bad_count', 'bad_fsdp'):
         assert not (work / out / 'metrics.jsonl').exists()
+
+
+def test_float16_s_loss_scale_is_saved_and_resumed(work):
+    # A float16 run's checkpoint keeps its loss scale, and a resumed run starts from it rather
+    # than searching again from 2^16 (each overflow a lost batch). A value there that is not a
+    # positive finite float (hetgpt.json is untrusted) resumes from the default start.
+    import json
+    import shutil
+    common = COMMON + ['--dtype=float16', '--checkpoint_interval=3', '--plan=ddp']
+    run_train(work, *common, '--out_dir=fp16', '--max_iters=3')
+    meta = work / 'fp16' / 'ckpt_00000003' / 'hetgpt.json'
+    saved = json.loads(meta.read_text())
+    assert saved['loss_scale'] == 2.0**16  # (3 steps: no overflow, no growth before 2000)
+    for written, expected in ((512.0, 512.0), ('x', 2.0**16), (-1.0, 2.0**16), (None, 2.0**16)):
+        m = json.loads(meta.read_text())
+        m['loss_scale'] = written
+        meta.write_text(json.dumps(m))
+        out = f'fp16_{written}'
+        shutil.copytree(work / 'fp16', work / out)
+        run_train(work, *common, f'--out_dir={out}', '--max_iters=6', '--init_from=resume')
+        got = json.loads((work / out / 'ckpt_00000006' / 'hetgpt.json').read_text())
+        assert got['loss_scale'] == expected, (written, got['loss_scale'])
+
+
+def test_the_loss_scale_s_search_does_not_stop_a_float16_run(tmp_path):
+    # max_bad_steps in a row stop a run; under float16's loss scale (2^16 at the start, halved at
+    # each overflow) the 16 halvings down to 1 come first
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+    from hetgpt import optim
+    for enabled, allowed in ((False, 3), (True, 3 + 16)):
+        steps = optim.BadSteps('cpu', 3, str(tmp_path), ShardedGradScaler('cpu', enabled=enabled))
+        said = []
+        for _ in range(allowed - 1):
+            steps.add(torch.tensor(True))
+        steps.report(allowed - 1, allowed - 1, said.append)  # not stopped
+        assert said and 'not finite' in said[0]
+        steps.add(torch.tensor(True))
+        with pytest.raises(SystemExit):
+            steps.report(allowed, 1, said.append)
