@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from trainer import (ROOT, TINY, latest_checkpoint, load_params, make_dataset, max_rel_diff,
+from trainer import (ROOT, TINY, latest_checkpoint, load_params, max_rel_diff, reference_work,
                      one_error_line, run_train, train_losses)
 
 COMMON = TINY + ['--batch_size=8', '--max_iters=6', '--eval_interval=100']
@@ -20,10 +20,7 @@ COMMON = TINY + ['--batch_size=8', '--max_iters=6', '--eval_interval=100']
 
 @pytest.fixture(scope='module')
 def work(tmp_path_factory):
-    root = tmp_path_factory.mktemp('dtypes')
-    make_dataset(root)
-    run_train(root, *COMMON, '--out_dir=reference', '--micro_batch_size=8', '--plan=ddp')
-    return root
+    return reference_work(tmp_path_factory, 'dtypes', COMMON, 8)
 
 
 @pytest.mark.parametrize('dtypes', ['bfloat16,float32', 'float16,float32'])

@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from trainer import (TINY, latest_checkpoint, load_params, make_dataset, max_rel_diff, plan_rows, run_train,
+from trainer import (TINY, latest_checkpoint, load_params, max_rel_diff, plan_rows, reference_work, run_train,
                      train_losses)
 
 COMMON = TINY + ['--batch_size=8', '--max_iters=3', '--eval_interval=100']
@@ -11,10 +11,7 @@ COMMON = TINY + ['--batch_size=8', '--max_iters=3', '--eval_interval=100']
 
 @pytest.fixture(scope='module')
 def work(tmp_path_factory):
-    root = tmp_path_factory.mktemp('strategies')
-    make_dataset(root)
-    run_train(root, *COMMON, '--out_dir=reference', '--micro_batch_size=8', '--plan=ddp')
-    return root
+    return reference_work(tmp_path_factory, 'strategies', COMMON, 8)
 
 
 def same_run(work, out_dir, tol):

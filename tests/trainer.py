@@ -34,6 +34,15 @@ def make_dataset(root, name='synth', n_train=40_000, n_val=4_000):
     return d
 
 
+def reference_work(tmp_path_factory, name, common, batch):
+    # A folder with the data set and the reference every strategy, split and dtype is checked
+    # against: common run by one process, the batch in one micro-batch, in out_dir=reference
+    root = tmp_path_factory.mktemp(name)
+    make_dataset(root)
+    run_train(root, *common, '--out_dir=reference', f'--micro_batch_size={batch}', '--plan=ddp')
+    return root
+
+
 def train_command(nproc=1, faults=False, torchrun_args=()):
     script = [os.path.join(ROOT, 'tests', 'fixture_run.py')] if faults else []
     script.append(os.path.join(ROOT, 'train.py'))
