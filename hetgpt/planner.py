@@ -371,26 +371,25 @@ def _host_bw(ranks):
     return bw
 
 
-def dtype_options(ranks, shard, given):
+def dtype_options(ranks, shard):
     # The compute dtypes (one per rank) a strategy may run, each rank's r['dtype'] being its own
     # (native, or given by the dtype knob). DDP keeps float32 weights on every rank and each rank
     # autocasts to its own; FSDP2 gathers the weights in one dtype for all: each rank's own on
-    # every rank (the others emulate bfloat16 at their float32 rate, or scale float16's loss),
-    # unless given (several given: none).
+    # every rank (the others emulate bfloat16 at their float32 rate, or scale float16's loss).
+    # (Several dtypes given: make_plan tries no FSDP strategy.)
     own = [r['dtype'] for r in ranks]
     if not shard or len(set(own)) == 1:
         return [own]
-    return [] if given else [[d] * len(ranks) for d in DTYPES if d in own]
+    return [[d] * len(ranks) for d in DTYPES if d in own]
 
 
-def _evaluate(cfg, batch, ranks, strategy, mbs, given, inter_node_bw, weights=None,
-              choose=True):
+def _evaluate(cfg, batch, ranks, strategy, mbs, inter_node_bw, weights=None, choose=True):
     # The strategy under each choice of dtypes (dtype_options): the fastest that fits, else the
     # last. FSDP accumulates in one of two ways: reduce-scatter after every micro-batch (gradients
     # stay sharded), or accumulate unsharded fp32 gradients and reduce once per step (+4P bytes,
     # fewer collectives). The second is tried when the first fits and needs several micro-batches.
     tried = []
-    for dtypes in dtype_options(ranks, flags(strategy)['shard'], given):
+    for dtypes in dtype_options(ranks, flags(strategy)['shard']):
         typed = [dict(r, dtype=d) for r, d in zip(ranks, dtypes)]
         run = lambda accumulate: _evaluate_one(cfg, batch, typed, strategy, mbs, inter_node_bw,
                                                accumulate, weights, choose)
@@ -604,7 +603,7 @@ def _grow(ranks, k):
     return [dict(r, node=i // per) for i, r in enumerate(ranks * k)]
 
 
-def _advice(cfg, batch, ranks, plan, tried, mbs, given, inter_node_bw, results):
+def _advice(cfg, batch, ranks, plan, tried, mbs, inter_node_bw, results):
     # What would make it fit, computed: more host memory (offload), more of the same GPUs, a
     # shorter sequence. (The global batch never matters: accumulation reaches any batch.)
     # why: the rung that comes closest on the device, and the host memory of the offload rungs
@@ -631,7 +630,7 @@ def _advice(cfg, batch, ranks, plan, tried, mbs, given, inter_node_bw, results):
                 needs['host_mem_per_node'] = host
                 ways.append(f"host memory >= {host / GiB:,.0f} GiB per node ({r['strategy']})")
     if all(r['device'] == 'cuda' for r in ranks) and (plan == 'auto' or flags(plan)['shard']):
-        fits = lambda k: any('step' in _evaluate(cfg, batch, _grow(ranks, k), s, mbs, given,
+        fits = lambda k: any('step' in _evaluate(cfg, batch, _grow(ranks, k), s, mbs,
                                                  inter_node_bw) for s in tried)
         lo, hi = 1, 2
         while hi * len(ranks) <= 4096 and not fits(hi):
@@ -651,7 +650,7 @@ def _advice(cfg, batch, ranks, plan, tried, mbs, given, inter_node_bw, results):
         r = next(r for r in results if r['strategy'] == s)
         if r['host_ok'] and not r['device_ok']:
             ok = lambda t: _evaluate(replace(cfg, block_size=t), max(1, mbs) * len(ranks), ranks,
-                                     s, mbs, given, inter_node_bw)['device_ok']
+                                     s, mbs, inter_node_bw)['device_ok']
             sizes = [2**k for k in range(cfg.block_size.bit_length()) if 2**k < cfg.block_size]
             lo, hi = -1, len(sizes)  # sizes[lo] fits (-1: none), sizes[hi] does not
             while hi - lo > 1:
@@ -702,27 +701,25 @@ def make_plan(model_config, batch_size, ranks, plan='auto', micro_batch_size=0,
             + ','.join(['bfloat16'] * len(ranks)))
     if given != ['auto']:
         ranks = [dict(r, dtype=given[i % len(given)]) for i, r in enumerate(ranks)]
-    given = given != ['auto']
     tried = STRATEGIES if plan == 'auto' else (plan,)
-    if len({r['dtype'] for r in ranks}) > 1 and given:
-        if flags(tried[0])['shard'] and plan != 'auto':
-            die(f"plan={plan} with dtype={dtype}: FSDP gathers the weights in one dtype for all "
-                f"ranks; use plan=ddp or plan=ddp+ac, or one dtype")
-        tried = tuple(s for s in tried if not flags(s)['shard'])
+    # what rules FSDP out: plan=auto leaves it untried, a plan that names it is refused
+    no_shard = [f" with dtype={dtype}: FSDP gathers the weights in one dtype for all ranks; use "
+                f"plan=ddp or plan=ddp+ac, or one dtype"] if len(set(given)) > 1 else []
     if not optimizer_updates_shards_alone():
-        if flags(tried[0])['shard'] and plan != 'auto':
-            die(f"plan={plan}: model.make_optimizer's update of a matrix is not the update of its "
-                f"row shards (FSDP would change it): use plan=ddp or plan=ddp+ac")
-        tried = tuple(s for s in tried if not flags(s)['shard'])
+        no_shard.append(": model.make_optimizer's update of a matrix is not the update of its "
+                        "row shards (FSDP would change it): use plan=ddp or plan=ddp+ac")
+    if no_shard and flags(tried[0])['shard'] and plan != 'auto':
+        die(f"plan={plan}{no_shard[0]}")
+    tried = tuple(s for s in tried if not (no_shard and flags(s)['shard']))
     evaluate = functools.partial(_evaluate, cfg, batch_size, ranks, mbs=micro_batch_size,
-                                 given=given, inter_node_bw=inter_node_bw, weights=weights,
+                                 inter_node_bw=inter_node_bw, weights=weights,
                                  choose=plan == 'auto')
     results = [evaluate(strategy=s) for s in tried]
     feasible = [r for r in results if 'step' in r]
     best = min(feasible, key=lambda r: r['step']) if feasible else None
     advice, needs = '', {}
     if best is None:
-        advice, needs = _advice(cfg, batch_size, ranks, plan, tried, micro_batch_size, given,
+        advice, needs = _advice(cfg, batch_size, ranks, plan, tried, micro_batch_size,
                                 inter_node_bw, results)
         if plan != 'auto':
             auto = make_plan(cfg, batch_size, ranks, 'auto', micro_batch_size, memory_fraction,
