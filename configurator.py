@@ -23,6 +23,8 @@ import tokenize
 
 from hetgpt.errors import die
 
+MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'model.py')  # (its GPTConfig)
+
 
 def is_knob(name, value):
     # (an enum is not one: train.py's loop variable `sig`, a signal.Signals, is also an int)
@@ -121,46 +123,82 @@ def configure(defaults, argv=None, strict_files=True, rules=None):
 
 # -----------------------------------------------------------------------------
 # --help, answered from the script's source: nothing of it runs, so no torch import (instant).
-def answer_help(path, argv=None):
-    # -h or --help among the arguments: print the usage and the knobs of the script at path, exit 0
+def answer_help(path, argv=None, model=False):
+    # -h or --help among the arguments: print the usage and the knobs of the script at path (model:
+    # and GPTConfig's, as knobs() lists them), exit 0
     argv = sys.argv[1:] if argv is None else argv
     if '-h' in argv or '--help' in argv:
         try:
-            print(help_text(path), flush=True)
+            print(help_text(path, model), flush=True)
         except BrokenPipeError:  # `--help | head`: the reader has what it wanted
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(0)
 
 
-def knobs(path):
+def knobs(path, model=False):
     # [(group, name, default as written, comment lines)] of a script: its module-level assignments
     # of plain values between its first two '# ----' rulers (the whole file if it has none). A
     # comment line at column 0 there starts a group (train.py's '# I/O'); an indented one goes on
-    # with the comment of the knob above it (sample.py's init_from).
+    # with the comment of the knob above it (sample.py's init_from). model (train.py): with every
+    # field of model.py's GPTConfig that the script does not set, after the script's 'model' group.
     source = open(path, encoding='utf-8').read()
     lines = source.splitlines()
     rulers = [n for n, line in enumerate(lines, 1) if re.fullmatch(r'# -{20,}', line)]
     first, last = rulers[:2] if len(rulers) > 1 else (0, len(lines) + 1)
+    found = _assigned(source, ast.parse(source).body, first, last)
+    if model:
+        mine = {name for _, name, _, _ in found}
+        ours = [i for i, (g, _, _, _) in enumerate(found) if g.split(':')[0] == 'model']
+        at, group = (ours[-1] + 1, found[ours[-1]][0]) if ours else (len(found), 'model')
+        fields = [(group, name, text, notes) for _, name, text, notes in model_knobs()
+                  if name not in mine]
+        found[at:at] = fields
+    return found
+
+
+def model_knobs():
+    # GPTConfig's fields [(group '', name, default as written, comment lines)], read from
+    # model.py's source as knobs() reads a script's (nothing runs: no torch). Every field is a
+    # model knob of train.py and plan.py, a new one included.
+    source = open(MODEL, encoding='utf-8').read()
+    cls = next(node for node in ast.parse(source).body
+               if isinstance(node, ast.ClassDef) and node.name == 'GPTConfig')
+    return _assigned(source, cls.body, cls.lineno, cls.end_lineno + 1)
+
+
+def model_defaults():
+    return {name: ast.literal_eval(text) for _, name, text, _ in model_knobs()}
+
+
+def _assigned(source, body, first, last):
+    # knobs(): the plain-valued assignments among body's statements (x = 1, or x: int = 1) on
+    # lines first+1 to last-1, with the comments beside and below them, in groups
+    lines = source.splitlines()
     comments = {t.start[0]: (t.start[1], t.string.lstrip('#').strip())  # line -> (column, text)
                 for t in tokenize.generate_tokens(io.StringIO(source).readline)
                 if t.type == tokenize.COMMENT}
-    assigned = {}  # first line -> the assignment
-    for node in ast.parse(source).body:
+    assigned = {}  # first line -> (name, value node)
+    for node in body:
         if isinstance(node, ast.Assign) and [type(t) for t in node.targets] == [ast.Name]:
-            try:
-                value = ast.literal_eval(node.value)
-            except (ValueError, TypeError, SyntaxError):
-                continue  # computed: not a knob
-            if is_knob(node.targets[0].id, value):
-                assigned[node.lineno] = node
+            target = node.targets[0]
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value:
+            target = node.target
+        else:
+            continue
+        try:
+            value = ast.literal_eval(node.value)
+        except (ValueError, TypeError, SyntaxError):
+            continue  # computed: not a knob
+        if is_knob(target.id, value):
+            assigned[node.lineno] = (target.id, node)
     found, group, above = [], '', None  # above: the knob the line above belongs to
     for n in range(first + 1, last):
-        node = assigned.get(n)
+        name, node = assigned.get(n, (None, None))
         if node:
             v = node.value  # its text as written (ast's offsets count UTF-8 bytes)
             text = (lines[n - 1].encode()[v.col_offset:v.end_col_offset].decode()
                     if v.lineno == v.end_lineno == n else ast.get_source_segment(source, v))
-            above = [group, node.targets[0].id, text,
+            above = [group, name, text,
                      [comments[i][1] for i in range(n, node.end_lineno + 1) if i in comments]]
             found.append(above)
         elif n in comments and lines[n - 1].lstrip().startswith('#'):
@@ -174,9 +212,9 @@ def knobs(path):
     return [tuple(k) for k in found]
 
 
-def defaults_of(path):
+def defaults_of(path, model=False):
     # {knob: default} of the script at path, read as --help reads it (knobs): nothing of it runs
-    return {name: ast.literal_eval(text) for _, name, text, _ in knobs(path)}
+    return {name: ast.literal_eval(text) for _, name, text, _ in knobs(path, model)}
 
 
 def rules_of(path):
@@ -190,9 +228,9 @@ def rules_of(path):
     return {}
 
 
-def help_text(path):
+def help_text(path, model=False):
     source = open(path, encoding='utf-8').read()
-    script, items = os.path.basename(path), knobs(path)
+    script, items = os.path.basename(path), knobs(path, model)
     column = min(26, 4 + max((len(f"{name} = {default}") for _, name, default, _ in items),
                              default=0))
     # the usage and the docstring's first line, the knobs (what --help is asked for), the rest

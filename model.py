@@ -16,8 +16,11 @@ from torch.nn import functional as F
 from hetgpt.draw import normal_
 
 
-@dataclass
+@dataclass(frozen=True)
 class GPTConfig:
+    # Every field is a knob of train.py and plan.py (train.py may set its own
+    # default), bounded by hetgpt/shape.py's table or else by its type, and
+    # kept in each checkpoint: a field added here is all a new knob needs.
     block_size: int = 1024   # longest sequence (learned positions)
     vocab_size: int = 50304  # GPT-2's 50257, padded to a multiple of 64
     n_layer: int = 12
@@ -158,6 +161,15 @@ LOSS_CHUNK = {'cpu': (64, 1024), 'cuda': (4096, 4096)}
 
 
 class GPT(nn.Module):
+    # What hetgpt's machinery relies on, kept by any edit of this file:
+    # - the blocks are transformer.h: FSDP shards, ac checkpoints, compile
+    #   compiles and the planner measures each one (and the rest as one);
+    # - lm_head.weight is transformer.wte.weight (tied);
+    # - forward(idx, targets, reduction='sum') returns (None, the summed
+    #   token losses); without targets, the logits (sample.py);
+    # - the model is built on the meta device, then init_weights makes every
+    #   parameter and buffer (by module type: below);
+    # - new_caches(batch) makes sample.py's KV cache, one entry per block.
 
     def __init__(self, config, seed=None):
         super().__init__()
@@ -174,28 +186,55 @@ class GPT(nn.Module):
         self.init_weights(seed)
 
     def init_weights(self, seed=None, device=None):
-        # GPT-2's: normal(0, init_std), zero biases, the projections into the
-        # residual stream scaled by 1/sqrt(2 * n_layer). A function of (seed,
-        # name) alone, however the weights are placed (hetgpt/draw.py). seed
-        # None: torch's; device: where the draws run (CUDA's are not the CPU's).
+        # Every parameter and buffer, by the type of the module that owns it:
+        # Linear and Embedding weights from normal(0, init_std) (GPT-2's; the
+        # projections into the residual stream, c_proj, scaled by
+        # 1/sqrt(2 * n_layer)) and zero biases; any other module by its
+        # reset_parameters() (norms: ones and zeros; a rotary table: its
+        # formula). The draws are a function of (seed, name) alone, however
+        # the weights are placed (hetgpt/draw.py). seed None: torch's;
+        # device: where the draws run (CUDA's are not the CPU's).
         seed = torch.initial_seed() if seed is None else seed
-        for name, p in self.named_parameters():
-            if name.endswith('bias'):
-                nn.init.zeros_(p)
-            elif 'ln_' in name:
-                nn.init.ones_(p)
-            else:
+        done = set()  # (the tied head is wte's weight: drawn once, as wte)
+        for name, m in self.named_modules():
+            own = [*m.parameters(recurse=False), *m.buffers(recurse=False)]
+            if all(id(t) in done for t in own):
+                continue
+            done.update(map(id, own))
+            if isinstance(m, (nn.Linear, nn.Embedding)):
                 std = self.config.init_std
-                if name.endswith('c_proj.weight'):
+                if name.endswith('c_proj'):
                     std /= math.sqrt(2 * self.config.n_layer)
-                normal_(p, std, f"{seed}/{name}", device)
+                normal_(m.weight, std, f"{seed}/{name}.weight", device)
+                if getattr(m, 'bias', None) is not None:
+                    nn.init.zeros_(m.bias)
+            elif hasattr(m, 'reset_parameters'):
+                m.reset_parameters()
+            else:
+                raise TypeError(
+                    f"model.py: {type(m).__name__} ({name}) holds weights or "
+                    f"buffers but has no reset_parameters() to make them; "
+                    f"give it one (GPT.init_weights calls it)")
 
     def materialise(self, device, seed, draw_on=None):
-        # Storage on device for a model built on the meta device (or wrapped
-        # by FSDP there), and its initial weights drawn on draw_on
+        # Storage for a model built on the meta device (or wrapped by FSDP
+        # there): the weights on device, the buffers where the forward runs
+        # (draw_on; under offload the weights stay on the host); then the
+        # initial weights and buffers, drawn on draw_on
         self.to_empty(device=device)
+        for m in self.modules():
+            for name, b in m.named_buffers(recurse=False):
+                setattr(m, name, torch.empty_like(b, device=draw_on or device))
         self.lm_head.weight = self.transformer.wte.weight  # (to_empty unties)
         self.init_weights(seed, draw_on)
+
+    def new_caches(self, batch):
+        # sample.py's KV cache: per block, the keys and values of block_size
+        # positions (an attention with other keys edits their shape here)
+        c, w = self.config, self.lm_head.weight
+        shape = (batch, c.n_head, c.block_size, c.n_embd // c.n_head)
+        return [dict(pos=0, k=w.new_empty(shape), v=w.new_empty(shape))
+                for _ in self.transformer.h]
 
     def num_params(self, non_embedding=True):
         # non_embedding: without the positions (no matmul; the tied wte has)

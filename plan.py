@@ -17,7 +17,7 @@ import sys
 import time
 from collections import Counter
 
-from configurator import configure, defaults_of, rules_of
+from configurator import configure, defaults_of, model_defaults, rules_of
 from hetgpt import shape
 from hetgpt.errors import die
 from hetgpt.hardware import GPUS, native_dtype, peak_flops
@@ -27,8 +27,8 @@ from model import config_from
 
 DEFAULT_GPUS = '1xH200'
 TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train.py')
-KNOBS = (*shape.RULES, 'batch_size', 'gradient_accumulation_steps', 'micro_batch_size',
-         'memory_fraction', 'max_iters')
+KNOBS = (*model_defaults(), 'batch_size', 'gradient_accumulation_steps', 'micro_batch_size',
+         'memory_fraction', 'max_iters')  # (the model's: GPTConfig's fields)
 
 
 def _gpu(name, item):
@@ -126,10 +126,10 @@ def main(argv=None):
             die(f"{a!r}: give config files (configs/*.py) and --key=value overrides")
     # the model's shape, the batch and memory_fraction: train.py's knobs, with its defaults and
     # rules (read from train.py's source: nothing of it runs)
-    defaults = {k: v for k, v in defaults_of(TRAIN).items() if k in KNOBS}
+    defaults = {k: v for k, v in defaults_of(TRAIN, model=True).items() if k in KNOBS}
     rules = {**shape.RULES, **rules_of(TRAIN)}
     config = configure(defaults, args.config + rest, strict_files=False,
-                       rules={k: rules[k] for k in KNOBS})
+                       rules={k: rules.get(k, '') for k in KNOBS})
     shape.check(config)
     ranks = _cluster(DEFAULT_GPUS if args.gpus is None else args.gpus, args.nodes, args.host_mem)
     # nanoGPT's configs: gradient_accumulation_steps > 0 makes batch_size the micro-batch

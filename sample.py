@@ -49,16 +49,12 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=
         for _ in range(max_new_tokens):
             if use_cache and idx.size(1) <= c.block_size:
                 if caches is None:  # prefill: run the whole prompt once
-                    shape = (idx.size(0), c.n_head, c.block_size, c.n_embd // c.n_head)
-                    w = model.lm_head.weight
-                    caches = [dict(pos=0, k=torch.empty(shape, dtype=w.dtype, device=w.device),
-                                   v=torch.empty(shape, dtype=w.dtype, device=w.device))
-                              for _ in range(c.n_layer)]
+                    caches = model.new_caches(idx.size(0))
                     logits, _ = model(idx, caches=caches, last_only=True)
                 else:
                     logits, _ = model(idx[:, -1:], caches=caches, last_only=True)
             else:
-                # Past block_size the learned positions of every kept token shift, so the cached
+                # Past block_size the positions of every kept token shift, so the cached
                 # keys are stale: recompute the last block_size tokens, as without a cache.
                 logits, _ = model(idx[:, -c.block_size:], last_only=True)
             logits = logits[:, -1, :n_ids]

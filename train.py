@@ -11,11 +11,12 @@ import math
 import os
 import re
 import time
+from dataclasses import replace
 
-from configurator import answer_help, configure, is_knob
+from configurator import answer_help, configure, is_knob, model_defaults
 from hetgpt import signals
 from hetgpt.errors import die
-answer_help(__file__)  # --help: the knobs below, read from this file
+answer_help(__file__, model=True)  # --help: the knobs below and GPTConfig's
 signals.starting()  # a stop before training (imports included): one line
 # GPU memory in pages any tensor can reuse, as the planner budgets it
 os.environ.setdefault('PYTORCH_CUDA_ALLOC_CONF', 'expandable_segments:True')
@@ -48,7 +49,7 @@ keep_last = 2          # complete checkpoints kept in out_dir
 wandb_log = False      # online if logged in, else offline; never blocks
 wandb_project = 'hetgpt'
 wandb_run_name = 'run'
-# model
+# model: every field of GPTConfig (model.py) is a knob; train.py's defaults
 n_layer = 12
 n_head = 12
 n_embd = 768
@@ -112,7 +113,8 @@ RULES = {
     'memory_fraction': '(0, 1]', 'init_device': 'auto|cpu|meta',
     'balance': r'auto|even|[0-9.,]+', 'rebalance_interval': '[1, 1e9]',
     'stall_timeout': '[0, 1e7]'}  # (seconds: 1e7 is 16 weeks)
-defaults = {k: v for k, v in globals().items() if is_knob(k, v)}
+defaults = {**model_defaults(),  # (a field not set above: model.py's default)
+            **{k: v for k, v in globals().items() if is_knob(k, v)}}
 config = configure(defaults, rules=RULES)
 shape.check(config)  # (and n_embd divisible by n_head)
 globals().update(config)
@@ -288,7 +290,7 @@ if master:
     record = metrics.Metrics(out_dir, iter_num, first, wandb_init)
 peaks = [hardware.peak_flops(r['gpu'], d)  # None: CPU
          for r, d in zip(ranks, run_plan.dtypes)]
-trained_args = {**vars(model_args), 'block_size': block_size}
+trained_args = replace(model_args, block_size=block_size)
 tokens_per_step = batch_size * block_size
 
 

@@ -23,29 +23,27 @@ from torch.utils._pytree import tree_leaves
 from configurator import defaults_of
 import model as network  # looked up at call time: a test may swap in a variant of a module
 from hetgpt.errors import die, oneline
-from model import GPTConfig, config_from
+from model import GPTConfig
+
+# Every function here takes the model's GPTConfig as it is (frozen, so hashable: the caches key
+# on it).
 
 
 # Parameter counts, exactly, from the model on the meta device
-def _config(model_config):
-    return config_from(model_config) if isinstance(model_config, dict) else model_config
-
-
 @functools.lru_cache(maxsize=None)
-def _shapes(config_items):
+def _shapes(cfg):
     # Parameter shapes of one block and of the root FSDP group (the rest: embeddings, tied
     # wte/lm_head, ln_f), from the model built on the meta device.
     with torch.device('meta'):
-        model = network.GPT(GPTConfig(**dict(config_items)))
+        model = network.GPT(cfg)
     in_blocks = {id(p) for b in model.transformer.h for p in b.parameters()}
     block = tuple(tuple(p.shape) for p in model.transformer.h[0].parameters())
     root = tuple(tuple(p.shape) for p in model.parameters() if id(p) not in in_blocks)
     return block, root
 
 
-def counts(model_config):
-    c = _config(model_config)
-    block, root = _shapes(tuple(sorted(vars(replace(c, n_layer=1)).items())))
+def counts(c):
+    block, root = _shapes(replace(c, n_layer=1))
     numel = lambda shapes: sum(math.prod(s) for s in shapes)
     return dict(total=c.n_layer * numel(block) + numel(root), block=numel(block), root=numel(root),
                 block_shapes=block, root_shapes=root, layers=c.n_layer)
@@ -87,7 +85,7 @@ def _fake(cfg, param_dtype, rest=False):
 
 
 @functools.lru_cache(maxsize=None)
-def saved_bytes(config_items, param_dtype, autocast_dtype):
+def saved_bytes(cfg, param_dtype, autocast_dtype):
     # One block, and the rest (embeddings, ln_f, the loss), run forward on fake tensors at the
     # real sequence length for micro-batches of 1 and 2 sequences, under a dtype policy: float32;
     # float32 weights under autocast (DDP); 16-bit weights (FSDP2's param_dtype). Saved bytes are
@@ -95,7 +93,6 @@ def saved_bytes(config_items, param_dtype, autocast_dtype):
     # loss's float32 weight gradient). Also the bytes of a block's input per sequence, which is
     # what ac (per-block activation checkpointing) keeps. No memory is allocated; cached by shape.
     from torch._subclasses.fake_tensor import FakeTensorMode
-    cfg = GPTConfig(**dict(config_items))
     s, h = cfg.block_size, cfg.n_embd
     autocast = torch.autocast('cpu', dtype=autocast_dtype, enabled=autocast_dtype is not None)
     found = {}
@@ -138,7 +135,7 @@ class _LiveBytes(TorchDispatchMode):
 
 
 @functools.lru_cache(maxsize=None)
-def backward_bytes(config_items, param_dtype, autocast_dtype):
+def backward_bytes(cfg, param_dtype, autocast_dtype):
     # The working set of one block's backward, which saved bytes do not show: the live bytes while
     # it runs (the incoming gradient, the gradients of the wide intermediates beside the saved
     # tensors not yet freed, a weight gradient before it is added to its .grad) above the saved
@@ -151,7 +148,6 @@ def backward_bytes(config_items, param_dtype, autocast_dtype):
     # model states' grads, not counted here.
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.checkpoint import checkpoint
-    cfg = GPTConfig(**dict(config_items))
     found = {}
     with FakeTensorMode():
         block = _fake(cfg, param_dtype)
@@ -194,7 +190,7 @@ def _measured(measure, *args):
             f"({oneline(e)}): keep its forward free of data-dependent Python (.item(), numpy)")
 
 
-def activation_bytes(model_config, strategy, dtype):
+def activation_bytes(cfg, strategy, dtype):
     # saved_bytes, and backward_bytes as 'backward', for this config under the dtype policy
     # train.py uses with this strategy: FSDP2's 16-bit parameters, or DDP's float32 ones under
     # autocast.
@@ -202,9 +198,8 @@ def activation_bytes(model_config, strategy, dtype):
     half = {'bfloat16': torch.bfloat16, 'float16': torch.float16}.get(dtype)
     policy = (torch.float32, None) if half is None else (half, None) \
         if strategy.startswith('fsdp') else (torch.float32, half)
-    items = tuple(sorted(vars(_config(model_config)).items()))
-    return dict(_measured(saved_bytes, items, *policy),
-                backward=_measured(backward_bytes, items, *policy))
+    return dict(_measured(saved_bytes, cfg, *policy),
+                backward=_measured(backward_bytes, cfg, *policy))
 
 
 def train_knobs():
@@ -238,7 +233,7 @@ def optimizer_state_bytes():
 
 
 @functools.lru_cache(maxsize=None)
-def step_bytes(config_items):
+def step_bytes(cfg):
     # The optimizer step's temporaries: bytes live during model.make_optimizer's step beyond the
     # weights, gradients and state (none for fused AdamW, which updates in place; Muon's
     # Newton-Schulz products of the matrix it works on; foreach kernels' copies of a whole
@@ -246,7 +241,6 @@ def step_bytes(config_items):
     # (per layer, fixed). An optimizer whose step reads a value (foreach AdamW's step count) is
     # measured instead on the small model of optimizer_state_bytes, per element.
     from torch._subclasses.fake_tensor import FakeTensorMode
-    cfg = GPTConfig(**dict(config_items))
 
     def peak(cfg, layers, fake):
         with FakeTensorMode() if fake else torch.device('cpu'):
@@ -276,9 +270,8 @@ def step_bytes(config_items):
                 (2 * one - two) / n['root'] * real['root'])
 
 
-def step_bytes_of(model_config):
-    c = _config(model_config)
-    per_layer, fixed = _measured(step_bytes, tuple(sorted(vars(replace(c, n_layer=1)).items())))
+def step_bytes_of(c):
+    per_layer, fixed = _measured(step_bytes, replace(c, n_layer=1))
     return c.n_layer * per_layer + fixed
 
 
@@ -337,7 +330,7 @@ def optimizer_updates_shards_alone():
 
 
 @functools.lru_cache(maxsize=None)
-def model_flops(config_items):
+def model_flops(cfg):
     # Training FLOPs of one sequence, counted (FlopCounterMode) on fake tensors: one block forward
     # and backward, plain and under ac as hetgpt/parallel.py applies it (whose recompute stops
     # short of the block's last matmul), and the rest (embeddings, ln_f, the loss's matmuls).
@@ -348,7 +341,6 @@ def model_flops(config_items):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.checkpoint import checkpoint
     from torch.utils.flop_counter import FlopCounterMode
-    cfg = GPTConfig(**dict(config_items))
     counted = {}
     with FakeTensorMode(), sdpa_kernel(SDPBackend.MATH):
         block, rest = network.Block(cfg), network.GPT(replace(cfg, n_layer=0))
@@ -363,16 +355,15 @@ def model_flops(config_items):
     return counted
 
 
-def flops_per_sequence(model_config, ac=False):
+def flops_per_sequence(c, ac=False):
     # Training FLOPs of one sequence (model_flops): MFU's numerator everywhere, train.py's too.
-    c = _config(model_config)
-    f = _measured(model_flops, tuple(sorted(vars(c).items())))
+    f = _measured(model_flops, c)
     return c.n_layer * f['ac' if ac else 'block'] + f['rest']
 
 
-def mfu(model_config, sequences, seconds, peak):
+def mfu(cfg, sequences, seconds, peak):
     # Model FLOPs utilisation: the training FLOPs of `sequences` sequences (flops_per_sequence; no
     # recompute counted) done in `seconds`, over `peak` FLOP/s; None when the peak is not known.
     if not (peak and seconds) or math.isnan(peak):
         return None
-    return sequences * flops_per_sequence(model_config) / seconds / peak
+    return sequences * flops_per_sequence(cfg) / seconds / peak

@@ -5,6 +5,7 @@ so the weights map one to one; HF's Conv1D keeps four of them as (in, out) where
 for GPT-2's vocabulary, its tokenizer) and the tests.
 """
 import os
+from dataclasses import replace
 
 import torch
 
@@ -20,9 +21,7 @@ def from_hf(hf_model, **overrides):
     hc = hf_model.config
     config = GPTConfig(block_size=hc.n_positions, vocab_size=hc.vocab_size, n_layer=hc.n_layer,
                        n_head=hc.n_head, n_embd=hc.n_embd, bias=True, dropout=0.0)
-    for k, v in overrides.items():
-        setattr(config, k, v)
-    model = GPT(config)
+    model = GPT(replace(config, **overrides))
     ours = model.state_dict()
     for k, v in hf_model.state_dict().items():
         if k.endswith(('.attn.bias', '.attn.masked_bias')):  # causal-mask buffers of old HF
@@ -106,7 +105,7 @@ def save_hf(model, path):
             sd[k] = ours[k].t() if k.endswith(CONV1D) else ours[k]
             if sd[k].shape != v.shape:
                 wrong.append(f"{k} {size(sd[k])} here, {size(v)} in GPT-2")
-        elif k.endswith('bias') and not c.bias:
+        elif k.endswith('.bias') and k[:-len('bias')] + 'weight' in ours:  # (bias=False)
             sd[k] = torch.zeros_like(v)
         else:
             wrong.append(f"GPT-2's {k} not here")

@@ -17,7 +17,7 @@ from hetgpt.balance import (EXACT, lockstep_count, lockstep_segments, pieces, ru
                      split_shares, weighted, weighted_shares)
 from hetgpt.errors import die
 from hetgpt import costs
-from hetgpt.costs import (_config, activation_bytes, counts, flops_per_sequence,
+from hetgpt.costs import (activation_bytes, counts, flops_per_sequence,
                    optimizer_state_bytes, optimizer_updates_shards_alone)
 from hetgpt.hardware import (GPUS, HOST_BW, HOST_THREAD_BW, UNKNOWN_GPU, native_dtype,
                              peak_flops)
@@ -102,7 +102,7 @@ def _pinned(shapes, n):
 # The estimator: bytes on one rank
 def estimate(model_config, strategy, micro_batch, world_size, dtype='bfloat16', ranks_per_node=None,
              overhead=None, device='cuda', accumulate=False, micro_batches=2):
-    cfg, n, f = _config(model_config), counts(model_config), flags(strategy)
+    cfg, n, f = model_config, counts(model_config), flags(strategy)
     N, b, s, h, L, V = (world_size, micro_batch, cfg.block_size, cfg.n_embd, cfg.n_layer,
                         cfg.vocab_size)
     P, Pb, Pr = n['total'], n['block'], n['root']
@@ -690,7 +690,7 @@ def make_plan(model_config, batch_size, ranks, plan='auto', micro_batch_size=0,
     # in proportion to them (balance=even or w1,w2,...) instead of by speed. dtype: train.py's
     # knob: auto (each rank's own, r['dtype'] or native_dtype; one under FSDP, the fastest), one
     # dtype for all, or one per rank (DDP only).
-    cfg = _config(model_config)
+    cfg = model_config
     ranks = _normalise(ranks, memory_fraction)
     given = str(dtype).replace('torch.', '').split(',')
     assert plan == 'auto' or plan in STRATEGIES, \

@@ -11,7 +11,8 @@ from model import GPTConfig
 # What each field may be (configurator's rules; train.py's RULES takes them as they are). The upper
 # bounds are far beyond any real run, so that only a slip (an extra zero, 10**9 for 10**3) meets
 # them: 175B models are 96 × 12288, the largest trained widths about 25,000; contexts reach 1-10M
-# tokens, vocabularies 1M.
+# tokens, vocabularies 1M. A field with no rule here (one a researcher added) is checked against
+# its type only.
 RULES = {
     'n_layer': '[1, 100000]', 'n_head': '[1, 1048576]', 'n_embd': '[1, 1048576]',
     'block_size': '[1, 16777216]', 'vocab_size': '[1, 16777216]', 'dropout': '[0, 1)',
@@ -20,16 +21,18 @@ RULES = {
 
 def fault(args):
     # What is wrong with the shape in args (a config, or model_args), in one line; None if nothing.
-    # A checkpoint may lack dropout and init_std: no part of the weights' shapes.
+    # Each field against its type (as annotated) and its rule. A checkpoint may lack a float
+    # (dropout, init_std: no part of the weights' shapes), and a field whose default is None.
     for f in fields(GPTConfig):
-        value, want = args.get(f.name), type(f.default)
+        value = args.get(f.name)
+        want = f.type if isinstance(f.type, type) else type(f.default)
         if value is None:
-            if want is float:
+            if want is float or f.default is None:
                 continue
             return f"{f.name} is missing"
         if type(value) not in ((int, float) if want is float else (want,)):  # (a bool is no int)
             return f"{f.name}={value!r} is not {want.__name__}"
-        bad = rule_fault(f.name, value, RULES[f.name])
+        bad = rule_fault(f.name, value, RULES.get(f.name, ''))
         if bad:
             return bad
     n_embd, n_head = args['n_embd'], args['n_head']

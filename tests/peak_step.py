@@ -3,8 +3,11 @@ Peak memory of one real training step on the CPU against the planner's predictio
 tests/test_plan_measured.py. Run in a fresh process, which sets glibc's allocator as train.py does
 (hardware.return_freed_host_memory: freed tensors go back to the OS, so that the resident set
 follows the live tensors).
-usage: python tests/peak_step.py STRATEGY MICRO_BATCH VARIANT  (prints predicted, measured bytes)
+usage: python tests/peak_step.py STRATEGY MICRO_BATCH VARIANT [KEY=VALUE ...]  (prints predicted,
+measured bytes). VARIANT: one of test_plan_measured's, or as-is (model.py as it is: an edited copy's,
+tests/test_modern_block.py); KEY=VALUE: the model's shape, over the default below.
 """
+import ast
 import functools
 import json
 import os
@@ -18,15 +21,18 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hetgpt import hardware  # noqa: E402
 import model  # noqa: E402
 from hetgpt import costs, planner  # noqa: E402
-from test_plan_measured import VARIANTS  # noqa: E402
 
 if not hardware.return_freed_host_memory():
     sys.exit("peak_step.py: no glibc mallopt here: the resident set would not follow live bytes")
 strategy, b, variant = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-for name, cls in VARIANTS[variant].items():
-    setattr(model, name, cls)
+if variant != 'as-is':
+    from test_plan_measured import VARIANTS
+    for name, cls in VARIANTS[variant].items():
+        setattr(model, name, cls)
 torch.set_num_threads(1)
-cfg = model.GPTConfig(n_layer=4, n_head=4, n_embd=256, block_size=256, vocab_size=8192, bias=False)
+shape = dict(n_layer=4, n_head=4, n_embd=256, block_size=256, vocab_size=8192, bias=False)
+shape.update((k, ast.literal_eval(v)) for k, v in (a.split('=', 1) for a in sys.argv[4:]))
+cfg = model.config_from(shape)  # (its fields: an edited model.py may have no bias)
 
 
 def status(key):  # bytes, from the kernel's account of this process
@@ -54,7 +60,7 @@ predicted = planner.estimate(cfg, strategy, b, 1, dtype='float32', device='cpu',
                           micro_batches=1)['total']
 torch.manual_seed(0)
 idx = torch.randint(0, cfg.vocab_size, (b, cfg.block_size))
-tiny = build(model.GPTConfig(n_layer=1, n_head=4, n_embd=32, block_size=256, vocab_size=8192))
+tiny = build(model.config_from({**shape, 'n_layer': 1, 'n_embd': 32}))
 step(tiny, model.make_optimizer(tiny, costs.train_knobs()), idx[:1])  # the kernels' own first allocations
 del tiny
 base = status('VmRSS')

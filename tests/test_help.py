@@ -44,11 +44,13 @@ def defaults_of(script):
     return json.loads(r.stdout.splitlines()[-1])
 
 
-def comments_of(script):
-    # {knob: its comment} from the file's lines: 'name = value  # text', then indented '# more'
+def comments_of(script, field=False):
+    # {knob: its comment} from the file's lines: 'name = value  # text', then indented '# more';
+    # field: a dataclass's '    name: type = value  # text' (model.py's GPTConfig)
     found, last = {}, None
+    head = r'    (\w+): \w+ = ' if field else r'(\w+) = '
     for line in open(os.path.join(ROOT, script), encoding='utf-8'):
-        knob = re.match(r'(\w+) = [^#]*?(?:#\s*(.*))?$', line.rstrip('\n'))
+        knob = re.match(head + r'[^#]*?(?:#\s*(.*))?$', line.rstrip('\n'))
         more = re.match(r'\s+#\s*(.*)$', line)
         if knob:
             last = knob[1]
@@ -87,7 +89,10 @@ def test_help_lists_every_knob_with_its_default_and_comment(script):
     for name, (default, comment, _) in shown.items():
         value = ast.literal_eval(default)
         assert value == defaults[name] and type(value) is type(defaults[name]), (name, default)
-    comments = comments_of(script)
+    # train.py's model knobs: GPTConfig's fields, with train.py's default and comment where it
+    # sets one
+    comments = {**(comments_of('model.py', field=True) if script == 'train.py' else {}),
+                **comments_of(script)}
     for name in defaults:
         assert shown[name][1] == comments[name], name
     lines = r.stdout.splitlines()

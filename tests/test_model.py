@@ -48,9 +48,7 @@ def test_kv_cache_logits_match_full_forward():
     model = tiny()
     idx = torch.randint(0, 97, (2, 32))
     full, _ = model(idx)
-    c = model.config
-    shape = (2, c.n_head, c.block_size, c.n_embd // c.n_head)
-    caches = [dict(pos=0, k=torch.empty(shape), v=torch.empty(shape)) for _ in range(c.n_layer)]
+    caches = model.new_caches(2)
     with torch.no_grad():
         steps = [model(idx[:, :7], caches=caches)[0]]  # a prompt of 7, then chunks of 1 and 3
         for t in range(7, 20):

@@ -43,17 +43,18 @@ def reference_work(tmp_path_factory, name, common, batch):
     return root
 
 
-def train_command(nproc=1, faults=False, torchrun_args=()):
+def train_command(nproc=1, faults=False, torchrun_args=(), code=ROOT):
+    # code: the repository whose train.py runs (an edited copy: edited_copy)
     script = [os.path.join(ROOT, 'tests', 'fixture_run.py')] if faults else []
-    script.append(os.path.join(ROOT, 'train.py'))
+    script.append(os.path.join(code, 'train.py'))
     if nproc == 1 and not torchrun_args:
         return [sys.executable] + script
     return [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={nproc}',
             *torchrun_args] + script
 
 
-def run_train(cwd, *args, nproc=1, check=True, timeout=600, env=None, faults=False):
-    cmd = train_command(nproc, faults)
+def run_train(cwd, *args, nproc=1, check=True, timeout=600, env=None, faults=False, code=ROOT):
+    cmd = train_command(nproc, faults, code=code)
     full_env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore', **(env or {}))
     p = subprocess.run(cmd + list(args), cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)
     if check and p.returncode != 0:
@@ -105,9 +106,10 @@ def snapshot(out):
             for d, _, files in os.walk(out) for f in files if f != '.lock'}
 
 
-def edited_copy(dest, name, old, new):
+def edited_copy(dest, name, old, new, more=()):
     # hetgpt's root .py files and package copied into dest, with `old` replaced by `new` in file
-    # `name`: a researcher's edit (or another machine's code), run from dest/train.py
+    # `name` (and each (old, new) of more after it): a researcher's edit (or another machine's
+    # code), run from dest/train.py
     import glob
     import shutil
     os.makedirs(dest, exist_ok=True)
@@ -117,13 +119,26 @@ def edited_copy(dest, name, old, new):
                     ignore=shutil.ignore_patterns('__pycache__'), dirs_exist_ok=True)
     path = os.path.join(dest, name)
     text = open(path).read()
-    assert old in text, (name, old)
-    open(path, 'w').write(text.replace(old, new))
+    for old, new in [(old, new), *more]:
+        assert old in text, (name, old)
+        text = text.replace(old, new)
+    open(path, 'w').write(text)
     return dest
 
 
 def load_params(ckpt_dir):
     return ckpt.load_model(ckpt_dir, trim_vocab=False).state_dict()  # as saved
+
+
+def saved_tensors(ckpt_dir):
+    # Every tensor of a checkpoint's model, by name, as its .metadata records them: whatever
+    # model.py wrote it (an edited one's buffers included), read without building the model
+    import torch
+    entries = ckpt.Reader(ckpt_dir).read_metadata().state_dict_metadata
+    sd = {k[len('model.'):]: torch.empty(tuple(m.size), dtype=m.properties.dtype)
+          for k, m in entries.items() if k.startswith('model.') and hasattr(m, 'size')}
+    ckpt.read(ckpt_dir, {'model': sd})
+    return sd
 
 
 def max_rel_diff(a, b):
