@@ -170,6 +170,18 @@ def model_defaults():
     return {name: ast.literal_eval(text) for _, name, text, _ in model_knobs()}
 
 
+def model_types():
+    # {field: its type as annotated in GPTConfig (int, float, bool or str), else its default's}
+    source = open(MODEL, encoding='utf-8').read()
+    cls = next(node for node in ast.parse(source).body
+               if isinstance(node, ast.ClassDef) and node.name == 'GPTConfig')
+    named, defaults = {'int': int, 'float': float, 'bool': bool, 'str': str}, model_defaults()
+    return {node.target.id: named.get(getattr(node.annotation, 'id', None),
+                                      type(defaults[node.target.id]))
+            for node in cls.body
+            if isinstance(node, ast.AnnAssign) and node.target.id in defaults}
+
+
 def _assigned(source, body, first, last):
     # knobs(): the plain-valued assignments among body's statements (x = 1, or x: int = 1) on
     # lines first+1 to last-1, with the comments beside and below them, in groups

@@ -1,12 +1,11 @@
 """
 The model's shape (model.GPTConfig's fields): what each may be, and the one check of a shape,
 whether a config's knobs (train.py, plan.py) or a checkpoint's model_args (untrusted input).
+GPTConfig's fields are read from model.py's source (configurator): no torch, so that train.py and
+plan.py answer a mistake before they import it.
 """
-from dataclasses import fields
-
-from configurator import rule_fault
+from configurator import model_defaults, model_types, rule_fault
 from hetgpt.errors import die
-from model import GPTConfig
 
 # What each field may be (configurator's rules; train.py's RULES takes them as they are). The upper
 # bounds are far beyond any real run, so that only a slip (an extra zero, 10**9 for 10**3) meets
@@ -23,16 +22,16 @@ def fault(args):
     # What is wrong with the shape in args (a config, or model_args), in one line; None if nothing.
     # Each field against its type (as annotated) and its rule. A checkpoint may lack a float
     # (dropout, init_std: no part of the weights' shapes), and a field whose default is None.
-    for f in fields(GPTConfig):
-        value = args.get(f.name)
-        want = f.type if isinstance(f.type, type) else type(f.default)
+    defaults = model_defaults()
+    for name, want in model_types().items():
+        value = args.get(name)
         if value is None:
-            if want is float or f.default is None:
+            if want is float or defaults[name] is None:
                 continue
-            return f"{f.name} is missing"
+            return f"{name} is missing"
         if type(value) not in ((int, float) if want is float else (want,)):  # (a bool is no int)
-            return f"{f.name}={value!r} is not {want.__name__}"
-        bad = rule_fault(f.name, value, RULES.get(f.name, ''))
+            return f"{name}={value!r} is not {want.__name__}"
+        bad = rule_fault(name, value, RULES.get(name, ''))
         if bad:
             return bad
     n_embd, n_head = args['n_embd'], args['n_head']
