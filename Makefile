@@ -1,5 +1,6 @@
 # make demo: a venv with the runtime set (requirements.txt), the offline pydocs corpus, a few
 #   minutes of gpt_tiny on CPU, a sample.
+# make check: the fast tier of make test (minutes), after an edit.
 # make test: adds the test set (requirements-dev.txt) to that venv; the test suite (CPU, gloo,
 #   offline). Both install the versions the tests passed with (constraints.txt);
 #   tests/smoke_torch211.sh runs the lowest versions requirements*.txt allow.
@@ -32,4 +33,9 @@ TEST_WORKERS ?= 2
 test: .venv/dev
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=8 tests
 
-.PHONY: demo test
+# The fast tier a researcher runs after an edit: each kind of claim once, at its smallest size
+# (CHECK in tests/conftest.py; docs/testing.md has its time).
+check: .venv/dev
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m check tests
+
+.PHONY: demo test check
