@@ -758,16 +758,6 @@ def make_plan(model_config, batch_size, ranks, plan='auto', micro_batch_size=0,
                 config=cfg)
 
 
-def after_oom(caps, peaks, strategy):
-    # The probe step ran out of memory (peak None) on some ranks: they halve their micro-batch. At
-    # one sequence there is nothing to halve: the next rung is the way.
-    if any(peak is None and cap == 1 for peak, cap in zip(peaks, caps)):
-        rungs = STRATEGIES[STRATEGIES.index(strategy) + 1:]
-        die(f"out of memory at micro-batch 1 under plan {strategy}: try "
-            f"{'plan=' + rungs[0] if rungs else 'more GPUs or a shorter block_size'}")
-    return [cap if peak else max(1, cap // 2) for peak, cap in zip(peaks, caps)]
-
-
 def resplit(p, caps, c0=None, c1=None):
     # The plan's split again, after the probe step: for the micro-batch caps it left and, by speed,
     # for each rank's measured c0, c1 (balance.py). This is the split the first step runs.
