@@ -213,7 +213,7 @@ def main():
         cfg, batch = load(path if os.path.exists(path) else os.path.join(ROOT, path))
         name = os.path.basename(path).removesuffix('.py')
         for strategy in args.strategies.split(','):
-            cap = planner.make_plan(cfg, batch, ranks, plan=strategy).micro_batch[0]
+            cap = planner.make_plan(cfg, batch, ranks, plan=strategy).caps[0]
             sizes = []
             for m in args.micro_batches.split(','):
                 b = (cap or None) if m == 'plan' else int(m)

@@ -190,9 +190,9 @@ class Plan:
     offload: bool
     reduce_every_micro_batch: bool  # FSDP: reduce-scatter after each micro-batch, or accumulate
     init_device: str                # where weights are first made: 'cpu' (whole) or 'meta'
-    micro_batch: list               # per rank: the largest micro-batch (sequences) that fits
+    caps: list                      # per rank: the largest micro-batch (sequences) that fits
     share: list                     # per rank: sequences of the global batch
-    micro_batches: list             # per rank: their sizes (FSDP: as many on every rank)
+    sizes: list                     # per rank: its micro-batch sizes (FSDP: as many on every rank)
     predicted: list                 # per rank: estimate() at its largest micro-batch
     step_time: float
     tokens_per_sec: float
@@ -213,7 +213,7 @@ class Plan:
 
     @property
     def accum(self):
-        return [len(m) for m in self.micro_batches]
+        return [len(m) for m in self.sizes]
 
     def room(self, r, overhead=None):
         # Bytes rank r's probe step may peak at, as its allocator counts (a GPU's CUDA context and
@@ -226,7 +226,7 @@ class Plan:
     def record(self, probed):
         # rank 0's plan against its probe step (probe.probe's peak): metrics.jsonl's first row
         gib = lambda n: (n or 0) / GiB
-        return {'plan': self.strategy, 'ac': self.ac[0], 'micro_batch': self.micro_batch[0],
+        return {'plan': self.strategy, 'ac': self.ac[0], 'micro_batch': self.caps[0],
                 'pred_gib': gib(self.predicted[0]['total']),
                 'pred_host_gib': gib(self.predicted[0]['host_rank']),
                 'pred_tokens_per_sec': self.tokens_per_sec, 'probe_gib': gib(probed['total']),
@@ -245,7 +245,7 @@ class Plan:
                + f"{'budget':>8}{'host/node':>10}{'tok/s':>10}{'MFU':>6}"]
         rows = []  # (rank, node, the rest of its lines)
         for i, r in enumerate(self.ranks):
-            p, mb = self.predicted[i], f"{max(self.micro_batches[i])}×{self.accum[i]}"
+            p, mb = self.predicted[i], f"{max(self.sizes[i])}×{self.accum[i]}"
             tps = self.share[i] * self.block_size / (self.step_time or 1)
             peak = _peak(r, self.dtypes[i])
             mfu = costs.mfu(self.config, self.share[i], self.step_time, peak)
@@ -747,7 +747,7 @@ def make_plan(model_config, batch_size, ranks, plan='auto', micro_batch_size=0,
     sizes = best['sizes'] if 'sizes' in best else [_expand(r) for r in best['runs']]
     return Plan(strategy=best['strategy'], **{**f, 'ac': best['ac']}, init_device=init_device,
                 reduce_every_micro_batch=f['shard'] and not best['accumulate'],
-                micro_batch=best['caps'], share=best['share'], micro_batches=sizes,
+                caps=best['caps'], share=best['share'], sizes=sizes,
                 predicted=best['predicted'], step_time=best['step'],
                 tokens_per_sec=best['tokens_per_sec'], mfu=best['mfu'], fits=bool(feasible),
                 advice=advice, needs=needs, ranks=ranks, batch_size=batch_size,
@@ -765,6 +765,6 @@ def resplit(p, caps, c0=None, c1=None):
         share = weighted(p.batch_size, caps, p.weights, p.shard)[0] if p.weights else p.share
         sizes = pieces(share, caps, lockstep_count(share, caps) if p.shard else None)
     else:
-        count = max(len(p.micro_batches[0]), math.ceil(p.batch_size / sum(caps)))
+        count = max(len(p.sizes[0]), math.ceil(p.batch_size / sum(caps)))
         share, sizes = split(p.batch_size, caps, c0, c1, count=count if p.shard else None)
-    return replace(p, micro_batch=caps, share=share, micro_batches=sizes)
+    return replace(p, caps=caps, share=share, sizes=sizes)

@@ -14,9 +14,9 @@ def fit_caps(plan, rank, step, steps, device_type, stated, log):
     # step(sizes): a training step of this rank's micro-batches (sizes) that leaves the weights
     # as they are (optim.frozen). steps: how many make the steps that follow (DDP rebuilds its
     # buckets in its second iteration). Returns (caps, every rank's peak, this rank's peak).
-    caps = plan.micro_batch
+    caps = plan.caps
     while True:  # (this rank's micro-batches at its cap: as many as the plan gives it, up to 2)
-        count = min(2, len(planner.resplit(plan, caps).micro_batches[rank]))
+        count = min(2, len(planner.resplit(plan, caps).sizes[rank]))
         mine = probe([caps[rank]] * count, plan, rank, step, steps, device_type, stated)
         peaks = gather(mine)
         if all(peaks):

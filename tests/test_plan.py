@@ -74,8 +74,8 @@ def test_111m_on_one_h200_is_ddp_without_checkpointing():
     p = planner.make_plan(cfg, batch, cluster('H200', 1))
     assert p.fits and p.strategy == 'ddp' and not any(p.ac) and not p.shard
     # the micro-batch is what the formula allows, less autocast's weight copies, fp32 residual and slack
-    assert min(batch, 0.6 * room / per_sequence(cfg)) <= p.micro_batch[0] <= room / per_sequence(cfg)
-    assert sum(p.share) == batch and p.accum[0] == math.ceil(batch / p.micro_batch[0])
+    assert min(batch, 0.6 * room / per_sequence(cfg)) <= p.caps[0] <= room / per_sequence(cfg)
+    assert sum(p.share) == batch and p.accum[0] == math.ceil(batch / p.caps[0])
 
 
 def test_13b_on_one_h200_with_128gb_host_does_not_fit_and_says_how_much_host():
@@ -138,7 +138,7 @@ def test_model_states_shrink_along_the_ladder():
 @pytest.mark.parametrize('strategy', ['ddp', 'fsdp', 'fsdp+ac'])
 def test_micro_batch_cap_grows_with_memory(strategy):
     cfg, _ = load('gpt_1p3b')
-    caps = [planner.make_plan(cfg, 4096, [dict(device='cuda', gpu='A100-80GB', mem=g * GiB)], plan=strategy).micro_batch[0]
+    caps = [planner.make_plan(cfg, 4096, [dict(device='cuda', gpu='A100-80GB', mem=g * GiB)], plan=strategy).caps[0]
             for g in (24, 40, 80, 141)]
     assert all(a <= b for a, b in zip(caps, caps[1:])) and caps[-1] > caps[0]
 
@@ -160,13 +160,13 @@ def test_mixed_cluster_gives_faster_gpus_more():
     cfg, batch = load('gpt_13b')
     p = planner.make_plan(cfg, batch, cluster('A100-80GB', 4, 1024) + cluster('V100-32GB', 4, 1024))
     assert p.fits and sum(p.share) == batch and min(p.share[:4]) > max(p.share[4:])
-    assert all(max(m) <= c for m, c in zip(p.micro_batches, p.micro_batch))
+    assert all(max(m) <= c for m, c in zip(p.sizes, p.caps))
 
 
 def test_forced_micro_batch_size():
     cfg, batch = load('gpt_111m')
     p = planner.make_plan(cfg, batch, cluster('H200', 1), micro_batch_size=8)
-    assert p.fits and p.micro_batch == [8] and p.accum == [15]
+    assert p.fits and p.caps == [8] and p.accum == [15]
     p = planner.make_plan(cfg, 480, cluster('H200', 1), plan='ddp', micro_batch_size=480)
     assert not p.fits
     # its advice: the longest power-of-two block_size at which that micro-batch fits (not the one
@@ -367,7 +367,7 @@ def test_what_published_runs_held_fits():
     import published
     for gpu, cuda_gives in (('A100-80GB', 79.25), ('H100-SXM', 79.11)):
         p = published.plan_mpt('30b', gpu, 8, 3, 21, True)
-        assert p.fits and p.micro_batch == [3] * 8, gpu
+        assert p.fits and p.caps == [3] * 8, gpu
         assert p.ranks[0]['budget'] / GiB == pytest.approx(cuda_gives, abs=0.005)
         # memory_fraction leaves the rest to another job: at half, 30B fits no more
         ranks = cluster(gpu, 8)
@@ -459,8 +459,8 @@ def test_cuda_overhead_is_measured_at_start_up(monkeypatch):
     cfg, _ = load('gpt_111m')
     with_it, without = (planner.estimate(cfg, 'ddp', 1, 1, overhead=o)['total'] for o in (me['overhead'], 0))
     assert with_it - without == me['overhead']
-    default = planner.make_plan(cfg, 480, cluster('H200', 1)).micro_batch[0]
-    measured = planner.make_plan(cfg, 480, [me]).micro_batch[0]
+    default = planner.make_plan(cfg, 480, cluster('H200', 1)).caps[0]
+    measured = planner.make_plan(cfg, 480, [me]).caps[0]
     assert measured >= default  # 0.7 GiB measured against the guessed 1 GiB: never a smaller cap
 
 
@@ -480,7 +480,7 @@ def test_a_stated_memory_is_the_rank_s_budget_and_its_probe_room(monkeypatch):
     cpu = dict(device='cpu', mem=3 * GiB, node=1, host_mem=None)
     cfg, _ = load('gpt_111m')
     p = planner.make_plan(cfg, 64, [tight, roomy, cpu])
-    assert p.micro_batch[0] < p.micro_batch[1]
+    assert p.caps[0] < p.caps[1]
     assert p.room(0) == 20 * GiB - GiB and p.room(1) == 80 * GiB - GiB
     assert p.room(2) == 0.9 * 3 * GiB
 
@@ -559,7 +559,7 @@ def test_a_rank_with_less_memory_checkpoints_and_the_others_do_not():
     p = planner.make_plan(cfg, 64, ranks, plan='auto', inter_node_bw=0.2e9)
     assert p.candidates[0][:2] == ('ddp', False)
     assert p.fits and p.strategy == 'ddp+ac' and p.ac == [False, True]
-    assert p.micro_batch[0] > p.micro_batch[1] >= 1
+    assert p.caps[0] > p.caps[1] >= 1
     rows = p.table().splitlines()
     assert re.match(r'\s+0\s+0\s+H200 .* no +pred', rows[2]) and re.match(r'\s+1\s+1\s+H200 .* yes pred', rows[3])
     # plan=ddp+ac asked for: every rank checkpoints, as asked
