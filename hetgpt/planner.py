@@ -2,11 +2,11 @@
 The planner: how a GPT config trains on the devices at hand, decided before any weight is
 allocated.
 For a strategy (DDP or FSDP2, with or without per-block activation checkpointing and CPU offload)
-it predicts the bytes each rank holds, the largest micro-batch that fits, and the step time; it
-picks the fastest strategy that fits and splits the global batch over unlike ranks so that they
-finish together. train.py applies the plan and checks it with a real probe step. Everything is
-derived from the model built on the meta device (exact parameter counts, no weights allocated).
-Notation: P parameters, N ranks, L layers, h width, s sequence, b micro-batch, V vocabulary.
+it predicts the bytes each rank holds (hetgpt/memory.py), the largest micro-batch that fits, and
+the step time; it picks the fastest strategy that fits and splits the global batch over unlike
+ranks so that they finish together. train.py applies the plan and checks it with a real probe
+step. Everything is derived from the model built on the meta device (exact parameter counts, no
+weights allocated).
 """
 import functools
 import math
@@ -17,13 +17,12 @@ from hetgpt.balance import (EXACT, lockstep_count, lockstep_segments, pieces, ru
                      split_shares, weighted, weighted_shares)
 from hetgpt.errors import die
 from hetgpt import costs
-from hetgpt.costs import (_config, activation_bytes, counts, flops_per_sequence,
-                   optimizer_state_bytes, optimizer_updates_shards_alone)
+from hetgpt.costs import _config, counts, flops_per_sequence, optimizer_updates_shards_alone
 from hetgpt.hardware import (GPUS, HOST_BW, HOST_THREAD_BW, UNKNOWN_GPU, native_dtype,
                              peak_flops)
-from model import LOSS_CHUNK, GPTConfig
-
-GiB = 2**30
+from hetgpt.memory import (CPU_OVERHEAD, GPU_OVERHEAD, GiB, estimate, flags, optimizer_state,
+                           sharded)
+from model import GPTConfig
 
 # Guesses that a probe step replaces; each is what the dry run assumes.
 EFFICIENCY = 0.5       # matmul FLOPs / dense peak: nanoGPT ~0.4-0.5 MFU on A100, Megatron-LM ~0.5
@@ -40,31 +39,15 @@ FSDP_GROUP_S = 2e-4    # seconds per FSDP group per micro-batch: hooks, copy-in/
 CPU_FLOPS = 1e11       # FLOP/s of a CPU rank when not measured (2 AVX-512 cores, float32)
 CPU_COMM_BW = 2e9      # gloo over loopback
 DDP_BUCKET = 25 * 2**20  # bytes per all-reduce: DDP's default bucket_cap_mb
-GPU_OVERHEAD = GiB     # outside the allocator: CUDA context, NCCL buffers (unless measured)
-PROCESS_HOST = 2 * GiB  # host bytes of one training process (Python, torch, CUDA host state)
-CPU_OVERHEAD = GiB // 2  # a CPU rank's process before any tensor
-ALLOC_SLACK = 0.05     # a CPU rank: malloc's arenas and fragmentation, of what comes and goes
-# A GPU's allocator, as train.py sets it (expandable_segments): each stream's two pools grow by
-# pages, 20 MiB for blocks over 1 MiB and 2 MiB for the rest (c10/cuda/CUDACachingAllocator.cpp),
-# and a page freed whole goes back before an out-of-memory, so what is lost to rounding is the
-# last, partly used page of each pool of each stream that allocates: the compute stream's, and
-# under FSDP2 its all-gather copy-in, all-gather and reduce-scatter streams' (blocks are rounded
-# to 512 bytes: under 2 MB for the 4,000 tensors of a 96-layer model's states, left out).
-ALLOC_PAGES = (20 + 2) * 2**20
-ALLOC_STREAMS = {False: 1, True: 4}  # by whether the strategy shards (FSDP2)
-HOST_FRACTION = 0.9    # of a host's memory (a CPU rank's, a node's): the kernel's and page
-                       # cache's share, which no process counts (a guess)
 
 # The rungs, cheapest first: each saves memory the one before it holds, at a cost in time.
 DTYPES = ('bfloat16', 'float16', 'float32')  # (dtype=auto under FSDP: tried in this order)
 STRATEGIES = ('ddp', 'ddp+ac', 'fsdp-noreshard', 'fsdp', 'fsdp+ac', 'fsdp+offload',
               'fsdp+ac+offload')
 
-
-def flags(strategy):
-    shard = strategy.startswith('fsdp')
-    return dict(ac='+ac' in strategy, shard=shard, offload='offload' in strategy,
-                reshard_after_forward=shard and strategy != 'fsdp-noreshard')
+# Of a host's memory (a CPU rank's, a node's), what the planner fills: the rest is the kernel's
+# and the page cache's, which no process counts (a guess)
+HOST_FRACTION = 0.9
 
 
 # The largest global batch, MAX_BATCH = 2**24 = 16.8M sequences (train.py's RULES bound the batch
@@ -74,107 +57,6 @@ def flags(strategy):
 # iterates over the micro-batches of each step, and the plan lists them (one int each, per rank;
 # at most MAX_BATCH in all).
 MAX_BATCH = 2**24
-
-
-# -----------------------------------------------------------------------------
-# FSDP2's layout of the parameters
-def _sharded(shapes, n):
-    # FSDP2 shards each parameter on dim 0, padded to a multiple of n: a rank holds ceil(d0/n) rows
-    return sum(math.ceil(s[0] / n) * math.prod(s[1:]) for s in shapes)
-
-
-def _optimizer_state(n, N, shard):
-    # The optimizer's state on one rank: each parameter's (its shard's) elements at what
-    # model.make_optimizer keeps for that parameter (costs.optimizer_state_bytes, measured)
-    size = (lambda s: math.ceil(s[0] / N) * math.prod(s[1:])) if shard else math.prod
-    block, root = optimizer_state_bytes()
-    return (n['layers'] * sum(b * size(s) for b, s in zip(block, n['block_shapes']))
-            + sum(b * size(s) for b, s in zip(root, n['root_shapes'])))
-
-
-def _pinned(shapes, n):
-    # Pinned host bytes of the fp32 shards: the CUDA caching host allocator rounds every block up
-    # to a power of two (FSDP2 pins each parameter's shard, and each gradient copied back to it).
-    return sum(1 << (4 * math.ceil(s[0] / n) * math.prod(s[1:]) - 1).bit_length() for s in shapes)
-
-
-# -----------------------------------------------------------------------------
-# The estimator: bytes on one rank
-def estimate(model_config, strategy, micro_batch, world_size, dtype='bfloat16', ranks_per_node=None,
-             overhead=None, device='cuda', accumulate=False, micro_batches=2):
-    cfg, n, f = _config(model_config), counts(model_config), flags(strategy)
-    N, b, s, h, L, V = (world_size, micro_batch, cfg.block_size, cfg.n_embd, cfg.n_layer,
-                        cfg.vocab_size)
-    P, Pb, Pr = n['total'], n['block'], n['root']
-    cb = 4 if str(dtype).replace('torch.', '') in ('float32', 'fp32') else 2  # compute dtype bytes
-    # Model states: fp32 params 4 + fp32 grads 4 + the optimizer's state (measured; AdamW's 8 makes
-    # ZeRO's 16 B/param). DDP (gradient_as_bucket_view: the grads are the buckets) keeps them all;
-    # FSDP2 shards all three by N (fp32 shards; reduce_dtype fp32).
-    mine = _sharded(n['block_shapes'], N) * L + _sharded(n['root_shapes'], N) if f['shard'] else P
-    optim = round(_optimizer_state(n, N, f['shard']))
-    part = dict(params=4 * mine, grads=4 * mine, optim=optim)
-    # FSDP2 accumulating without sync (set_requires_gradient_sync(False)) keeps every parameter's
-    # gradient unsharded in reduce_dtype (fp32) on the device until the reduce-scatter
-    unsharded_grads = 4 * P if f['shard'] and accumulate else 0
-    host_rank = 0 if device == 'cpu' else PROCESS_HOST
-    if f['offload']:  # CPUOffloadPolicy: shards on the host, pinned params and grads; AdamW there
-        host_rank += (_pinned(n['block_shapes'], N) * L + _pinned(n['root_shapes'], N)) * 2 + optim
-        part = dict(params=0, grads=0, optim=0)
-    part['grads'] += unsharded_grads
-    a = activation_bytes(cfg, strategy, dtype)
-    # The loss (model.LMHeadLoss) never holds the micro-batch's logits: one chunk of them at a time
-    # (compute dtype; float32, its log-softmax and autograd's gradient of it) and the gradients of
-    # a group of chunks (one buffer, compute dtype) come and go in its forward; its backward
-    # scales the head's float32 gradient.
-    rows, group = LOSS_CHUNK[device]  # (the planner's ranks are 'cuda' or 'cpu')
-    tokens = b * s
-    logits = max(min(rows, tokens) * V * (cb + 12) + min(group, tokens) * V * cb, 4 * V * h)
-    # Activations: what autograd saves, measured per sequence (saved_bytes), kept by every block
-    # (under ac: each block's input), and at the peak either the loss's
-    # working set with the rest's saved bytes, or later the working set of the top block's
-    # backward (backward_bytes: beside its saved tensors, or all of them recomputed under
-    # ac, the gradients of its wide intermediates) with the one saved tensor of the
-    # loss that outlives its backward: its float32 gradient of the head, now the tied weight's.
-    kept = L * b * (a['block_input'] if f['ac'] else a['block'])
-    backward = max(b * per + fixed for per, fixed in a['backward']['ac' if f['ac'] else 'plain'])
-    activations = kept + max(b * a['rest'] + a['rest_fixed'] + logits, a['rest_fixed'] + backward)
-    if not f['shard']:
-        # autocast's 16-bit copies of the weights, saved for backward (under AC: made again by the
-        # recompute, in its working set; train.py's autocast keeps no cache of them)
-        buffers = 0 if f['ac'] else a['block_fixed'] * L
-    else:
-        # FSDP2 buffers: the root group is never resharded after forward, and the tied
-        # wte/lm_head gradient lives through the whole backward (params + grads unsharded); the
-        # blocks: current + prefetched unsharded (all of them from forward to backward without
-        # resharding); one block's unsharded grad plus its fp32 copy for the reduce-scatter;
-        # under offload the fp32 shards of two blocks copied to the device before their all-gather.
-        reduce = 4 if cb == 2 else 0
-        live = 2 * cb * Pb if f['reshard_after_forward'] else cb * L * Pb
-        buffers = 2 * cb * Pr + live + (cb + reduce) * Pb + \
-            (8 * math.ceil(Pb / N) if f['offload'] else 0)
-    if overhead is None:
-        overhead = GPU_OVERHEAD if device == 'cuda' else CPU_OVERHEAD
-    slack = ALLOC_STREAMS[f['shard']] * ALLOC_PAGES if device == 'cuda' else \
-        ALLOC_SLACK * (activations + buffers)
-    other = buffers + slack + overhead
-    part.update(activations=activations, other=int(other))
-    # The peak, not the sum of the parts: activations are freed as backward makes the gradients,
-    # so both are held at once only when gradients outlive a step's forward: earlier micro-batches'
-    # (micro_batches > 1, FSDP's unsharded accumulation) or DDP's buckets (several ranks).
-    held = micro_batches > 1 or accumulate or (N > 1 and not f['shard'])
-    grads_and_activations = part['grads'] + activations if held else max(part['grads'], activations)
-    part['total'] = part['params'] + part['optim'] + int(other) + grads_and_activations
-    # The optimizer step, the activations gone: its temporaries (costs.step_bytes, measured; a
-    # shard's are its share) beside the states, on the host under offload
-    temporaries = costs.step_bytes_of(cfg) / (N if f['shard'] else 1)
-    if f['offload']:
-        host_rank += temporaries
-    else:
-        part['total'] = max(part['total'], sum(part[k] for k in ('params', 'grads', 'optim'))
-                            + int(other) + int(temporaries))
-    part['host_rank'] = host_rank
-    part['host'] = host_rank * (ranks_per_node or min(N, 8))
-    return part
 
 
 # -----------------------------------------------------------------------------
@@ -193,7 +75,7 @@ class Plan:
     caps: list                      # per rank: the largest micro-batch (sequences) that fits
     share: list                     # per rank: sequences of the global batch
     sizes: list                     # per rank: its micro-batch sizes (FSDP: as many on every rank)
-    predicted: list                 # per rank: estimate() at its largest micro-batch
+    predicted: list                 # per rank: memory.estimate() at its largest micro-batch
     step_time: float
     tokens_per_sec: float
     mfu: float
@@ -461,12 +343,12 @@ def _evaluate_one(cfg, batch, ranks, strategy, mbs, inter_node_bw, accumulate, w
     ranks_strategy = [strategy if a else 'ddp' for a in ac] if not f['shard'] else [strategy] * R
     c1 = [flops_per_sequence(cfg, a) / rate(r) for r, a in zip(ranks, ac)]
     mine = n['total'] if not f['shard'] else \
-        _sharded(n['block_shapes'], R) * cfg.n_layer + _sharded(n['root_shapes'], R)
+        sharded(n['block_shapes'], R) * cfg.n_layer + sharded(n['root_shapes'], R)
     # Optimizer step: fused AdamW, memory bound, on the device; on the host under offload (or for
     # CPU ranks), where the ranks of a node share its memory bandwidth. It streams p, g and its
     # state in, p and the state out; clipping reads g.
     on_host = lambda r: f['offload'] or r['device'] == 'cpu'
-    step_bytes = 16 * mine + 2 * _optimizer_state(n, R, f['shard'])
+    step_bytes = 16 * mine + 2 * optimizer_state(n, R, f['shard'])
     host = _host_bw(ranks)
     opt = [step_bytes * (per_node[r['node']] / host[r['node']] if on_host(r)
                          else 1 / (_dev(r)['hbm'] * 1e9 * HBM_EFFICIENCY)) for r in ranks]

@@ -16,6 +16,7 @@ import torch
 
 from hetgpt import hardware
 from hetgpt import costs
+from hetgpt import memory
 from hetgpt import planner
 import plan
 from configurator import configure
@@ -62,7 +63,7 @@ def test_parameter_count_is_exact(name):
     cfg, _ = load(name)
     P = exact_params(cfg)
     assert costs.counts(cfg)['total'] == P
-    e = planner.estimate(cfg, 'ddp', 1, 1)
+    e = memory.estimate(cfg, 'ddp', 1, 1)
     assert e['params'] == 4 * P and e['params'] + e['grads'] + e['optim'] == 16 * P  # ZeRO's 16Ψ
 
 
@@ -127,11 +128,11 @@ def test_forced_ddp_for_13b_on_one_gpu_does_not_fit():
 
 def test_model_states_shrink_along_the_ladder():
     cfg, _ = load('gpt_13b')
-    states = [sum(planner.estimate(cfg, s, 1, 8)[k] for k in ('params', 'grads', 'optim')) for s in planner.STRATEGIES]
+    states = [sum(memory.estimate(cfg, s, 1, 8)[k] for k in ('params', 'grads', 'optim')) for s in planner.STRATEGIES]
     assert all(a >= b for a, b in zip(states, states[1:])) and states[0] > states[-1] == 0
     P = exact_params(cfg)
     assert states[3] == pytest.approx(16 * P / 8, rel=1e-3)  # FSDP: 16Ψ/N, up to dim-0 padding
-    act = [planner.estimate(cfg, s, 4, 8)['activations'] for s in ('fsdp', 'fsdp+ac')]
+    act = [memory.estimate(cfg, s, 4, 8)['activations'] for s in ('fsdp', 'fsdp+ac')]
     assert act[1] < act[0] / 3                      # checkpointing keeps block inputs only
 
 
@@ -220,7 +221,7 @@ def test_fsdp_accumulation_without_sync_costs_unsharded_fp32_grads():
     # FSDP2 under set_requires_gradient_sync(False) keeps every gradient unsharded in fp32
     cfg, batch = load('gpt_1p3b')
     P = exact_params(cfg)
-    a, b = (planner.estimate(cfg, 'fsdp', 2, 8, accumulate=acc)['grads'] for acc in (False, True))
+    a, b = (memory.estimate(cfg, 'fsdp', 2, 8, accumulate=acc)['grads'] for acc in (False, True))
     assert b - a == 4 * P
     p = planner.make_plan(cfg, batch, cluster('A100-80GB', 8))
     if p.shard and not p.reduce_every_micro_batch:
@@ -381,7 +382,7 @@ def test_the_allocator_s_rounding_is_pages_on_a_gpu_and_a_share_on_a_cpu():
     # micro-batch: a GPU's 'other' (buffers, context, pages) does not grow with it. A CPU rank's
     # malloc keeps 5% of what comes and goes: its 'other' grows by 5% of the activations'.
     cfg, _ = load('gpt_111m')
-    est = lambda strategy, device, b: planner.estimate(cfg, strategy, b, 2, 'bfloat16', 2, GiB,
+    est = lambda strategy, device, b: memory.estimate(cfg, strategy, b, 2, 'bfloat16', 2, GiB,
                                                        device, False, 2)
     for strategy in ('ddp', 'fsdp'):
         small, large = est(strategy, 'cuda', 4), est(strategy, 'cuda', 8)
@@ -457,7 +458,7 @@ def test_cuda_overhead_is_measured_at_start_up(monkeypatch):
     assert me['gpu'] == 'H200' and me['mem'] == total and me['overhead'] == total - free - reserved
     assert me['host_bw'] == 7e9
     cfg, _ = load('gpt_111m')
-    with_it, without = (planner.estimate(cfg, 'ddp', 1, 1, overhead=o)['total'] for o in (me['overhead'], 0))
+    with_it, without = (memory.estimate(cfg, 'ddp', 1, 1, overhead=o)['total'] for o in (me['overhead'], 0))
     assert with_it - without == me['overhead']
     default = planner.make_plan(cfg, 480, cluster('H200', 1)).caps[0]
     measured = planner.make_plan(cfg, 480, [me]).caps[0]
