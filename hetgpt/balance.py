@@ -198,7 +198,7 @@ def split(batch, caps, c0, c1, fixed=None, count=None):
 
 
 def split_shares(batch, caps, c0, c1, fixed=None, count=None):
-    # split's shares alone (the planner times a large batch from them and runs(), not lists)
+    # split's shares alone (the planner times a split from them and runs(), not lists)
     if count is None:
         per_sequence = [b + a / m for a, b, m in zip(c0, c1, caps)]
         return split_batch(batch, fixed or [0.0] * len(caps), per_sequence, [batch] * len(caps))

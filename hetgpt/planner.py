@@ -354,43 +354,11 @@ def _evaluate_one(cfg, batch, ranks, strategy, mbs, inter_node_bw, accumulate, w
                          else 1 / (_dev(r)['hbm'] * 1e9 * HBM_EFFICIENCY)) for r in ranks]
     bw, ring = _bandwidth(ranks, inter_node_bw), (R - 1) / R
     cb = 4 if ranks[0]['dtype'] == 'float32' else 2  # (FSDP's gathers: one dtype)
-    if batch > EXACT:  # the same, in closed form: micro-batches as runs of equal sizes
-        step, share, sizes = _time_runs(batch, caps, c0, c1, opt, f, n, R, ring, bw, cb,
-                                        _comm(f, n, R, ring, bw, cb, ranks, per_node, accumulate,
-                                              mine), accumulate, weights)
-    elif not f['shard']:
-        # DDP: each rank alone, then the all-reduce of the fp32 grads (_all_reduce), overlapped
-        # with the backward (2/3) of the slowest rank's last micro-batch.
-        share, sizes = weighted(batch, caps, weights, False) if weights else \
-            split(batch, caps, c0, c1, fixed=opt)
-        busy = [sum(a + c * max(m, 1) for m in ms) + o for a, c, ms, o in zip(c0, c1, sizes, opt)]
-        slow = max(range(R), key=busy.__getitem__)
-        last = c0[slow] + c1[slow] * max(sizes[slow][-1], 1)
-        step = busy[slow] + max(0.0, _all_reduce(n, R, ring, bw) - 2 / 3 * last)
-    else:
-        gather, reduce, host_add = _comm(f, n, R, ring, bw, cb, ranks, per_node, accumulate, mine)
-        # The same count K of micro-batches on every rank; each waits for the slowest rank's
-        # piece, and prefetching overlaps the collectives with compute. Try K from the fewest up
-        # while the caps still bind the split.
-        best = None
-        for K in range(math.ceil(batch / sum(caps)), batch + 1):
-            share, sizes = weighted(batch, caps, weights, True) if weights else \
-                split(batch, caps, c0, c1, count=K)
-            K = len(sizes[0])
-            comm = [gather + (reduce if not accumulate or j == K - 1 else 0) for j in range(K)]
-            compute = [max(a + c * max(ms[j], 1) for a, c, ms in zip(c0, c1, sizes))
-                       for j in range(K)]
-            t = sum(max(comm[j], compute[j]) + (host_add if j else 0.0) for j in range(K))
-            if best is None or t + max(opt) < best[0]:
-                best = (t + max(opt), share, sizes)
-            if weights or all(x < K * m for x, m in zip(share, caps)):
-                break  # no rank is full: more micro-batches only cost
-        step, share, sizes = best
-        # the root group (tied embeddings) is gathered before anything can run and reduced after
-        # everything has: its collectives are exposed
-        step += ring * (cb + 4) * n['root'] / bw if R > 1 else 0.0
-    result['runs' if batch > EXACT else 'sizes'] = sizes
-    largest = [max(n for n, k in ms if k) if batch > EXACT else max(ms) for ms in sizes]
+    step, share, rs = _time_runs(batch, caps, c0, c1, opt, f, n, R, ring, bw, cb,
+                                 _comm(f, n, R, ring, bw, cb, ranks, per_node, accumulate, mine),
+                                 accumulate, weights)
+    result['runs'] = rs
+    largest = [max(n for n, k in r if k) for r in rs]
     predicted = [est(r, max(b, 1), count, s)
                  for r, b, count, s in zip(ranks, largest, _counts(result), ranks_strategy)]
     peaks = [_peak(r, r['dtype']) for r in ranks]
@@ -430,12 +398,11 @@ def _comm(f, n, R, ring, bw, cb, ranks, per_node, accumulate, mine):
 
 
 def _time_runs(batch, caps, c0, c1, opt, f, n, R, ring, bw, cb, comm, accumulate, weights):
-    # _evaluate_one's step time for a batch above balance.EXACT: each rank's micro-batches as runs
-    # of equal sizes (balance.runs: at most two), summed in closed form, and under FSDP the counts
-    # of micro-batches tried from the fewest up one by one, then by quarters (a bounded number of
-    # tries, where the step-by-step search would try every count while a rank is full).
-    # Returns (step, shares, runs).
+    # _evaluate_one's split and step time: each rank's micro-batches as runs of equal sizes
+    # (balance.runs: at most two), timed in closed form. Returns (step, shares, runs).
     if not f['shard']:
+        # DDP: each rank alone, then the all-reduce of the fp32 grads (_all_reduce), overlapped
+        # with the backward (2/3) of the slowest rank's last micro-batch.
         share = weighted_shares(batch, weights) if weights else \
             split_shares(batch, caps, c0, c1, fixed=opt)
         rs = [runs(x, m) for x, m in zip(share, caps)]
@@ -445,6 +412,11 @@ def _time_runs(batch, caps, c0, c1, opt, f, n, R, ring, bw, cb, comm, accumulate
         last = c0[slow] + c1[slow] * max(rs[slow][-1][0], 1)
         return busy[slow] + max(0.0, _all_reduce(n, R, ring, bw) - 2 / 3 * last), share, rs
     gather, reduce, host_add = comm
+    # FSDP: the same count K of micro-batches on every rank; each waits for the slowest rank's
+    # piece, and prefetching overlaps the collectives with compute. K is tried from the fewest up
+    # while the caps still bind the split: every K for a batch of up to balance.EXACT sequences;
+    # above, one by one up to 8, then by quarters (a bounded number of tries, where a large batch
+    # would try every count while a rank is full).
     best, K = None, math.ceil(batch / sum(caps))
     while K <= batch:
         share = weighted_shares(batch, weights) if weights else \
@@ -459,16 +431,16 @@ def _time_runs(batch, caps, c0, c1, opt, f, n, R, ring, bw, cb, comm, accumulate
         if best is None or t + max(opt) < best[0]:
             best = (t + max(opt), share, rs)
         if weights or all(x < K * m for x, m in zip(share, caps)):
-            break
-        K += max(1, K // 4)
-    step, share, rs = best  # (+ the exposed root group's collectives, as _evaluate_one says)
+            break  # no rank is full: more micro-batches only cost
+        K += 1 if batch <= EXACT else max(1, K // 4)
+    step, share, rs = best
+    # the root group (tied embeddings) is gathered before anything can run and reduced after
+    # everything has: its collectives are exposed
     return step + (ring * (cb + 4) * n['root'] / bw if R > 1 else 0.0), share, rs
 
 
-def _counts(result):  # micro-batches per rank of an _evaluate_one result (lists or runs)
-    if 'runs' in result:
-        return [sum(k for _, k in r) for r in result['runs']]
-    return [len(ms) for ms in result['sizes']]
+def _counts(result):  # micro-batches per rank of an _evaluate_one result
+    return [sum(k for _, k in r) for r in result['runs']]
 
 
 def _expand(rs):  # runs as the list of sizes train.py iterates over
@@ -611,7 +583,7 @@ def make_plan(model_config, batch_size, ranks, plan='auto', micro_batch_size=0,
                 needs['plan'] = auto.strategy
         best = dict(results[-1])  # the last rung tried, shown at one sequence per rank
         per_node = Counter(x['node'] for x in ranks)
-        best.update(share=[0] * len(ranks), sizes=[[1]] * len(ranks), step=0.0, mfu=None,
+        best.update(share=[0] * len(ranks), runs=[[(1, 1)]] * len(ranks), step=0.0, mfu=None,
                     tokens_per_sec=0.0, ac=[flags(best['strategy'])['ac']] * len(ranks),
                     predicted=[estimate(cfg, best['strategy'], 1, len(ranks), d,
                                         per_node[r['node']], r['overhead'], r['device'])
@@ -626,10 +598,9 @@ def make_plan(model_config, batch_size, ranks, plan='auto', micro_batch_size=0,
         init_device = 'cpu' if all(r['host_mem'] is None or 4 * total * per_node[r['node']]
                                    < r['host_mem'] / 2 for r in ranks) else 'meta'
     f = flags(best['strategy'])
-    sizes = best['sizes'] if 'sizes' in best else [_expand(r) for r in best['runs']]
     return Plan(strategy=best['strategy'], **{**f, 'ac': best['ac']}, init_device=init_device,
                 reduce_every_micro_batch=f['shard'] and not best['accumulate'],
-                caps=best['caps'], share=best['share'], sizes=sizes,
+                caps=best['caps'], share=best['share'], sizes=[_expand(r) for r in best['runs']],
                 predicted=best['predicted'], step_time=best['step'],
                 tokens_per_sec=best['tokens_per_sec'], mfu=best['mfu'], fits=bool(feasible),
                 advice=advice, needs=needs, ranks=ranks, batch_size=batch_size,
