@@ -5,7 +5,7 @@ Rank r runs a micro-batch of n sequences in c0_r + c1_r·n seconds (c0: per micr
 sequence), and holds at most caps_r sequences in one. Under DDP each rank runs its own number of
 micro-batches and the step waits for the slowest rank. FSDP2 all-gathers the weights in every
 forward, so there all ranks run the same number of micro-batches (lockstep) and each micro-batch
-waits for its slowest rank. The planner (plan.py) splits with predicted speeds; train.py re-splits
+waits for its slowest rank. The planner splits with predicted speeds (clock.py); train.py re-splits
 with measured ones, through the same functions.
 """
 import heapq

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from hetgpt import hardware
+from hetgpt import clock
 from hetgpt import costs
 from hetgpt import memory
 from hetgpt import planner
@@ -250,10 +251,10 @@ def test_offload_on_one_gpu_pays_its_pcie_copies():
     # the forward's and again before the backward's all-gather, and the fp32 gradients back.
     cfg, _ = load('gpt_13b')
     P, s, L = exact_params(cfg), cfg.block_size, cfg.n_layer
-    pcie = 63e9 * planner.PCIE_EFFICIENCY                       # H200: PCIe Gen5 x16 per direction
+    pcie = 63e9 * clock.PCIE_EFFICIENCY                       # H200: PCIe Gen5 x16 per direction
     copies = (2 * 4 * P + 4 * P) / pcie
-    compute = L * planner.LAUNCH_S + (L + 1) * planner.FSDP_GROUP_S + \
-        s * flops_per_token(cfg) / (989e12 * planner.EFFICIENCY)
+    compute = L * clock.LAUNCH_S + (L + 1) * clock.FSDP_GROUP_S + \
+        s * flops_per_token(cfg) / (989e12 * clock.EFFICIENCY)
     adam = ADAMW_STEP_BYTES * P / H200_HOST                     # on the host
     assert copies > 3 * compute                                 # what the old model dropped
     p = planner.make_plan(cfg, 1, cluster('H200', 1, host_gib=1024), plan='fsdp+offload')
@@ -265,9 +266,9 @@ def test_offload_accumulation_adds_gradients_on_the_host():
     # and added to the host's gradient (read 2, write 1 fp32 per parameter): K-1 exposed adds.
     cfg, _ = load('gpt_1p3b')
     P, s, L, K = exact_params(cfg), cfg.block_size, cfg.n_layer, 4
-    pcie = 63e9 * planner.PCIE_EFFICIENCY
-    per_micro_batch = max((2 * 4 * P + 4 * P) / pcie, L * planner.LAUNCH_S + (L + 1) * planner.FSDP_GROUP_S
-                          + 2 * s * flops_per_token(cfg) / (989e12 * planner.EFFICIENCY))
+    pcie = 63e9 * clock.PCIE_EFFICIENCY
+    per_micro_batch = max((2 * 4 * P + 4 * P) / pcie, L * clock.LAUNCH_S + (L + 1) * clock.FSDP_GROUP_S
+                          + 2 * s * flops_per_token(cfg) / (989e12 * clock.EFFICIENCY))
     host_add = 4 * P / pcie + 12 * P / H200_HOST
     adam = ADAMW_STEP_BYTES * P / H200_HOST
     ranks = planner._normalise(cluster('H200', 1, host_gib=1024), 0.9)
@@ -286,7 +287,7 @@ def test_an_empty_micro_batch_costs_one_sequence(strategy):
     # dtype=auto: the V100 computes in float16 (125 TFLOP/s; it has no bf16 units), under FSDP
     # with the H100 (float16 on both is faster than bfloat16 with the V100 at its float32 rate)
     assert p.dtypes == (['bfloat16', 'float16'] if strategy == 'ddp' else ['float16'] * 2)
-    v100_sequence = cfg.block_size * flops_per_token(cfg) / (125e12 * planner.EFFICIENCY)
+    v100_sequence = cfg.block_size * flops_per_token(cfg) / (125e12 * clock.EFFICIENCY)
     assert p.step_time >= v100_sequence
 
 
@@ -320,13 +321,13 @@ def test_between_nodes_nccl_drives_every_nic_of_a_node():
     achieved = 47 / 50
     for gpu, nics, line_rate in (('H100-SXM', 8, 400e9 / 8), ('A100-80GB', 8, 200e9 / 8),
                                  ('V100-32GB', 4, 100e9 / 8)):
-        inside = planner._bandwidth(planner._normalise(cluster(gpu, 8), 0.9), None)
+        inside = clock.bandwidth(planner._normalise(cluster(gpu, 8), 0.9), None)
         two_nodes = planner._normalise(cluster(gpu, 16), 0.9)
         expected = min(inside, nics * line_rate * achieved)
-        assert planner._bandwidth(two_nodes, None) == pytest.approx(expected, rel=0.02), gpu
+        assert clock.bandwidth(two_nodes, None) == pytest.approx(expected, rel=0.02), gpu
     # --inter_node_gbs is per GPU: a node of one GPU has that much, a node of eight 8 times it
     one_each = planner._normalise(cluster('H100-SXM', 2, per_node=1), 0.9)
-    assert planner._bandwidth(one_each, 1e9) == pytest.approx(achieved * 1e9, rel=0.02)
+    assert clock.bandwidth(one_each, 1e9) == pytest.approx(achieved * 1e9, rel=0.02)
     cfg, batch = load('gpt_1p3b')
     slow, fast = (planner.make_plan(cfg, batch, cluster('H100-SXM', 16), plan='ddp', inter_node_bw=bw)
                   for bw in (100e9 / 8 / 8, None))
@@ -337,9 +338,9 @@ def test_a_small_collective_costs_nccls_start_up():
     # A 4-byte all-reduce over 2 nodes of 8 GPUs takes 47 us (nccl#1244, NCCL 2.21): what DDP's
     # all-reduce of a few bytes is predicted to take, bandwidth being no part of it
     ranks = planner._normalise(cluster('H100-SXM', 16), 0.9)
-    bw = planner._bandwidth(ranks, None)
-    assert planner._all_reduce(dict(total=1), 16, 15 / 16, bw) == pytest.approx(47e-6, rel=0.25)
-    assert planner._all_reduce(dict(total=1), 1, 0, bw) == 0  # one rank: no collective
+    bw = clock.bandwidth(ranks, None)
+    assert clock.all_reduce(dict(total=1), 16, 15 / 16, bw) == pytest.approx(47e-6, rel=0.25)
+    assert clock.all_reduce(dict(total=1), 1, 0, bw) == 0  # one rank: no collective
 
 
 def test_a_sharded_model_on_64_gpus_runs_per_gpu_as_on_8_as_published():
@@ -430,14 +431,14 @@ def test_the_offloaded_step_runs_at_the_hosts_rate():
     # (torchrun: OMP_NUM_THREADS=1) at one thread's rate, up to its memory: DGX A100's two EPYC
     # 7742 with 8 channels of DDR4-3200 each, 2 × 8 × 3.2e9 × 8 bytes/s
     measured = [dict(r, host_bw=3e9 if r['node'] else 5e9) for r in cluster('A100-80GB', 16)]
-    assert planner._host_bw(planner._normalise(measured, 0.9)) == {0: 8 * 5e9, 1: 8 * 3e9}
+    assert clock.host_bw(planner._normalise(measured, 0.9)) == {0: 8 * 5e9, 1: 8 * 3e9}
     dgx_a100 = 2 * 8 * 3.2e9 * 8
     one_node = planner._normalise(cluster('A100-80GB', 8), 0.9)
-    assert planner._host_bw(one_node)[0] == min(8 * hardware.HOST_THREAD_BW * 1e9, dgx_a100)
+    assert clock.host_bw(one_node)[0] == min(8 * hardware.HOST_THREAD_BW * 1e9, dgx_a100)
     crowded = planner._normalise(cluster('A100-80GB', 24, per_node=24), 0.9)
-    assert planner._host_bw(crowded)[0] == dgx_a100
+    assert clock.host_bw(crowded)[0] == dgx_a100
     cpu = planner._normalise([dict(device='cpu', mem=8 * GiB)] * 2, 0.9)
-    assert planner._host_bw(cpu)[0] == planner.HOST_ADAM_BW
+    assert clock.host_bw(cpu)[0] == clock.HOST_ADAM_BW
     # a slower host, a slower offloaded step
     cfg, batch = load('gpt_1p3b')
     slow, fast = (planner.make_plan(cfg, batch, [dict(r, host_bw=bw) for r in cluster('A100-80GB', 8)],
