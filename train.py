@@ -250,7 +250,7 @@ def probe_step(sizes):  # a step that changes nothing: zero gradients, lr 0
 # The plan checked on the real device (hetgpt/probe.py), then the split by
 # each rank's measured speed (unless balance= gives it)
 by_speed = weights is None and world_size > 1
-log(f"probe step: training steps at micro-batch {run_plan.micro_batch[0]} "
+log(f"probe step: training steps at micro-batch {run_plan.caps[0]} "
     f"(weights unchanged) to check memory"
     + (" (compiling first: slow the first time)" if compile else '')
     + ("; then timed micro-batches on every rank to split the batch"
@@ -337,7 +337,7 @@ if iter_num == 0 or eval_only:
 
 # -----------------------------------------------------------------------------
 # The loop
-sizes = run_plan.micro_batches  # every rank's (rebalanced as measured)
+sizes = run_plan.sizes  # every rank's (rebalanced as measured)
 bad_steps = optim.BadSteps(device, max_bad_steps, out_dir, scaler)
 host_reset = hardware.reset_peaks(device_type)  # the steps' peaks from here
 t_log, steps_since = time.perf_counter(), 0

@@ -50,6 +50,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, 'bench')]
 from hetgpt import costs  # noqa: E402
 from hetgpt import hardware  # noqa: E402
+from hetgpt import memory  # noqa: E402
 from hetgpt import planner  # noqa: E402  (no CUDA is touched here: the runs own the GPU)
 from configurator import configure  # noqa: E402
 from hetgpt.errors import die  # noqa: E402
@@ -124,7 +125,7 @@ def offload_shape(gpu, host):
     best = None
     for L, h, heads in OFFLOAD_SHAPES:
         cfg = GPTConfig(n_layer=L, n_embd=h, n_head=heads, block_size=2048)
-        if planner.estimate(cfg, 'fsdp+offload', 1, 1)['host_rank'] <= 0.5 * host:
+        if memory.estimate(cfg, 'fsdp+offload', 1, 1)['host_rank'] <= 0.5 * host:
             best = cfg
     if best is None:
         return None, None

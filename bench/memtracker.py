@@ -1,5 +1,5 @@
 """
-The planner's memory prediction (plan.estimate) against PyTorch's own memory trackers, on fake
+The planner's memory prediction (memory.estimate) against PyTorch's own memory trackers, on fake
 tensors (FakeTensorMode: shapes only, nothing allocated, no GPU needed). For each config, strategy
 and micro-batch, one rank of 8 runs a training step as train.py does: two micro-batches (forward
 with model(x, y, reduction='sum'), backward), clip_grad_norm_, make_optimizer's AdamW step,
@@ -17,10 +17,10 @@ fake process group of 8 ranks. DDP: MemTracker on the bare model under bf16 auto
 weights (DDP's C++ reducer cannot run on fake tensors); DDP's gradient buckets
 (gradient_as_bucket_view=True: the buckets are the gradients, and stay allocated when zero_grad
 drops the views) are stood in for by one flat fp32 buffer that the gradients are views of.
-Predicted: plan.estimate(..., overhead=0): without the CUDA context, cuBLAS workspace and NCCL
+Predicted: memory.estimate(..., overhead=0): without the CUDA context, cuBLAS workspace and NCCL
 buffers, which no tensor tracker sees; it does include the planner's 5% allocator slack
 (ALLOC_SLACK), which a tracker of live tensors has no counterpart for either ('-slack' column).
-Micro-batch 'plan': plan.make_plan's largest micro-batch for that strategy on 8×A100-80GB.
+Micro-batch 'plan': planner.make_plan's largest micro-batch for that strategy on 8×A100-80GB.
 Not part of `make test`.
 
 What fake tensors on a CPU-only torch cannot show (printed under the table as well): the fake
@@ -44,7 +44,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import model as network  # noqa: E402
 from hetgpt import costs, hardware  # noqa: E402
-from hetgpt import planner  # noqa: E402
+from hetgpt import memory, planner  # noqa: E402
 import plan  # noqa: E402
 from configurator import configure, defaults_of  # noqa: E402
 from model import GPT, config_from  # noqa: E402
@@ -113,7 +113,7 @@ def fake_model(cfg):
 def track(cfg, strategy, micro_batch, accum, mesh):
     # A training step on fake tensors under the tracker: its peak and the breakdown there, and
     # the phase in which the peak was reached.
-    f = planner.flags(strategy)
+    f = memory.flags(strategy)
     with FakeTensorMode():
         model = fake_model(cfg)
         if f['ac']:  # as train.py: non-reentrant checkpointing of each block
@@ -183,10 +183,10 @@ def track(cfg, strategy, micro_batch, accum, mesh):
 
 
 def predict(cfg, strategy, micro_batch):
-    # plan.estimate without the per-process overhead; its 'other' split back into the buffers
+    # memory.estimate without the per-process overhead; its 'other' split back into the buffers
     # (DDP: autocast's 16-bit weight copies; FSDP: unsharded params/grads) and the slack
-    e = planner.estimate(cfg, strategy, micro_batch, WORLD, 'bfloat16', overhead=0, device='cuda')
-    s = planner.ALLOC_SLACK
+    e = memory.estimate(cfg, strategy, micro_batch, WORLD, 'bfloat16', overhead=0, device='cuda')
+    s = memory.ALLOC_SLACK
     buffers = (e['other'] - s * e['activations']) / (1 + s)
     return dict(params=e['params'], grads=e['grads'], optim=e['optim'], act=e['activations'],
                 temp=None, buffers=buffers, other=e['other'] - buffers, total=e['total'])
@@ -194,7 +194,7 @@ def predict(cfg, strategy, micro_batch):
 
 def main():
     t0 = time.time()
-    with open(planner.__file__, 'rb') as f:  # plan.py changes: which one made these predictions
+    with open(memory.__file__, 'rb') as f:  # memory.py changes: which one made these predictions
         digest = hashlib.sha1(f.read()).hexdigest()[:10]
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     ap.add_argument('configs', nargs='*', default=['configs/gpt_1p3b.py', 'configs/gpt_13b.py'])
@@ -213,7 +213,7 @@ def main():
         cfg, batch = load(path if os.path.exists(path) else os.path.join(ROOT, path))
         name = os.path.basename(path).removesuffix('.py')
         for strategy in args.strategies.split(','):
-            cap = planner.make_plan(cfg, batch, ranks, plan=strategy).micro_batch[0]
+            cap = planner.make_plan(cfg, batch, ranks, plan=strategy).caps[0]
             sizes = []
             for m in args.micro_batches.split(','):
                 b = (cap or None) if m == 'plan' else int(m)
@@ -235,11 +235,11 @@ def main():
                                   + ' | '.join(g(d[c]) for c in COLUMNS) + f" | {g(d['total'])} |")
                 print(rows[-1], file=sys.stderr, flush=True)  # progress
     print("\nGiB per rank (of 8); ratio = predicted / tracked; -slack: predicted less the "
-          f"planner's {planner.ALLOC_SLACK:.0%} allocator slack\n")
+          f"planner's {memory.ALLOC_SLACK:.0%} allocator slack\n")
     print("| config | strategy | micro-batch | predicted | tracked | ratio | ratio -slack "
           "| tracked peak in | s |\n|---|---|---|---|---|---|---|---|---|")
     print('\n'.join(rows))
-    print("\nBreakdown at the tracked peak, GiB. pred: plan.estimate's terms (act: activations "
+    print("\nBreakdown at the tracked peak, GiB. pred: memory.estimate's terms (act: activations "
           "incl. the loss's logits working set; buffers: DDP's autocast weight copies, FSDP's "
           "unsharded params and grads; other: the slack). tracked: the tracker's types (act: "
           "Activation, which holds DDP's autocast weight copies; buffers: Unsharded Param/Grad, "
@@ -252,7 +252,7 @@ def main():
           "torch.compile (the blocks run eager). Fake tensors on the CPU: CPU autocast and "
           "SDPA's CPU kernel stand in for CUDA's. DDP: the bare model plus a flat fp32 buffer as "
           "its gradient buckets (no DDP reducer on fake tensors).")
-    print(f"\ntorch {torch.__version__}, AdamW {'/'.join(sorted(adamw))}, plan.py sha1 {digest}, "
+    print(f"\ntorch {torch.__version__}, AdamW {'/'.join(sorted(adamw))}, memory.py sha1 {digest}, "
           f"{time.time() - t0:.0f} s wall, peak RSS {hardware.peak_rss() / GiB:.2f} GiB")
     dist.destroy_process_group()
 

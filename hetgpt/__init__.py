@@ -2,7 +2,10 @@
 hetgpt's machinery, under the researcher's files at the root (model.py, train.py, sample.py):
 one idea per module, none of them importing train.py.
 
-  planner     the plan: strategy, micro-batches and split per rank (plan.py is its command line)
+  planner     the search: strategy, micro-batches and split per rank (plan.py is its command line)
+  memory      the estimator: a rank's bytes at a step's peak under a strategy
+  clock       the step-time model: a step's seconds on given ranks
+  decision    the plan as train.py applies it (Plan), and its table
   costs       bytes, FLOPs and optimizer state, measured from model.py as built
   shape       the model's shape: its rules, and the one check (configs and checkpoints)
   hardware    the GPU table, the devices at hand and their memory

@@ -5,7 +5,7 @@ Rank r runs a micro-batch of n sequences in c0_r + c1_r·n seconds (c0: per micr
 sequence), and holds at most caps_r sequences in one. Under DDP each rank runs its own number of
 micro-batches and the step waits for the slowest rank. FSDP2 all-gathers the weights in every
 forward, so there all ranks run the same number of micro-batches (lockstep) and each micro-batch
-waits for its slowest rank. The planner (plan.py) splits with predicted speeds; train.py re-splits
+waits for its slowest rank. The planner splits with predicted speeds (clock.py); train.py re-splits
 with measured ones, through the same functions.
 """
 import heapq
@@ -198,7 +198,7 @@ def split(batch, caps, c0, c1, fixed=None, count=None):
 
 
 def split_shares(batch, caps, c0, c1, fixed=None, count=None):
-    # split's shares alone (the planner times a large batch from them and runs(), not lists)
+    # split's shares alone (the planner times a split from them and runs(), not lists)
     if count is None:
         per_sequence = [b + a / m for a, b, m in zip(c0, c1, caps)]
         return split_batch(batch, fixed or [0.0] * len(caps), per_sequence, [batch] * len(caps))

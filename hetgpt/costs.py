@@ -208,16 +208,23 @@ def train_knobs():
     return defaults_of(os.path.join(os.path.dirname(os.path.dirname(__file__)), 'train.py'))
 
 
+def _small(cfg):
+    # A model of cfg's structure (its heads, biases and any field an edit added) at a few thousand
+    # parameters: one layer, 8 channels a head, 8 positions, 64 tokens
+    return replace(cfg, n_layer=1, n_embd=8 * cfg.n_head, block_size=8, vocab_size=64)
+
+
 @functools.lru_cache(maxsize=None)
-def optimizer_state_bytes():
+def optimizer_state_bytes(cfg):
     # Optimizer state per element of each parameter (AdamW: 8), measured: one training step with
-    # model.make_optimizer, the optimizer train.py builds, on a small model; scalars such as
-    # AdamW's step count are left out. Per parameter, since make_optimizer may give each its own
-    # optimizer (Muon on the blocks' matrices: 4, AdamW on the rest: 8): (one block's, the
-    # root's), in the order of _shapes, which the real model's parameters share. (The step also
-    # loads what any step loads: torch's lazily imported modules, autograd's and the kernels'
-    # first buffers.)
-    net = network.GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=8, vocab_size=64), 0)
+    # model.make_optimizer, the optimizer train.py builds, on a small model of cfg's structure;
+    # scalars such as AdamW's step count are left out. Per parameter, since make_optimizer may
+    # give each its own optimizer (Muon on the blocks' matrices: 4, AdamW on the rest: 8): (one
+    # block's, the root's), in the order of _shapes, which the small model's parameters share
+    # with the real one's (a small model of another structure would not: GPT-2's biases). (The
+    # step also loads what any step loads: torch's lazily imported modules, autograd's and the
+    # kernels' first buffers.)
+    net = network.GPT(_small(cfg), 0)
     optimizers = network.make_optimizer(net, train_knobs())
     idx = torch.arange(16).view(2, 8) % 64
     net(idx, idx)[1].backward()
@@ -239,7 +246,7 @@ def step_bytes(cfg):
     # Newton-Schulz products of the matrix it works on; foreach kernels' copies of a whole
     # group), measured on fake tensors at the real shapes with 1 and 2 layers, float32 weights:
     # (per layer, fixed). An optimizer whose step reads a value (foreach AdamW's step count) is
-    # measured instead on the small model of optimizer_state_bytes, per element.
+    # measured instead on a small model of cfg's structure (_small), per element.
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     def peak(cfg, layers, fake):
@@ -263,7 +270,7 @@ def step_bytes(cfg):
         one, two = peak(cfg, 1, True), peak(cfg, 2, True)
         return two - one, 2 * one - two
     except Exception:
-        small = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=8, vocab_size=64)
+        small = _small(cfg)
         one, two = peak(small, 1, False), peak(small, 2, False)
         n, real = counts(small), counts(cfg)
         return ((two - one) / n['block'] * real['block'],
@@ -282,7 +289,7 @@ def host_step_rate(device_type, elements=2**24):
     # with the threads torchrun gives it: OMP_NUM_THREADS=1). 2**24 elements: 256 MB with AdamW's
     # state, beyond the caches. None on a CPU rank: its planned step is a guess (planner). Either
     # way it first loads what any step loads (optimizer_state_bytes).
-    optimizer_state_bytes()
+    optimizer_state_bytes(GPTConfig())
     if device_type != 'cuda':
         return None
     net = torch.nn.Module()
@@ -303,12 +310,12 @@ def host_step_rate(device_type, elements=2**24):
 
 
 @functools.lru_cache(maxsize=None)
-def optimizer_updates_shards_alone():
+def optimizer_updates_shards_alone(cfg):
     # FSDP2 steps each rank's dim-0 shard of a matrix on its own. An elementwise optimizer (AdamW,
     # SGD, Lion) updates the halves of a matrix as it updates the whole; one whose update needs the
     # whole matrix (Muon's orthogonalisation) does not, and cannot run sharded. Each optimizer that
     # model.make_optimizer gives a matrix, with its group's settings, on a whole and on halves.
-    net = network.GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=8, vocab_size=64), 0)
+    net = network.GPT(_small(cfg), 0)
     for opt in network.make_optimizer(net, train_knobs()):
         takes = inspect.signature(type(opt)).parameters
         for group in opt.param_groups:

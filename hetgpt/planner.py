@@ -1,70 +1,33 @@
 """
 The planner: how a GPT config trains on the devices at hand, decided before any weight is
 allocated.
-For a strategy (DDP or FSDP2, with or without per-block activation checkpointing and CPU offload)
-it predicts the bytes each rank holds, the largest micro-batch that fits, and the step time; it
-picks the fastest strategy that fits and splits the global batch over unlike ranks so that they
-finish together. train.py applies the plan and checks it with a real probe step. Everything is
-derived from the model built on the meta device (exact parameter counts, no weights allocated).
-Notation: P parameters, N ranks, L layers, h width, s sequence, b micro-batch, V vocabulary.
+For each strategy (DDP or FSDP2, with or without per-block activation checkpointing and CPU
+offload) it finds the largest micro-batch that fits on each rank (by hetgpt/memory.py's estimate)
+and times the step (hetgpt/clock.py); it picks the fastest strategy that fits and splits the
+global batch over unlike ranks so that they finish together (hetgpt/balance.py). train.py applies
+the plan and checks it with a real probe step (hetgpt/probe.py).
 """
 import functools
 import math
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
-from hetgpt.balance import (EXACT, lockstep_count, lockstep_segments, pieces, runs, split,
-                     split_shares, weighted, weighted_shares)
+from hetgpt import clock, costs
+from hetgpt.balance import lockstep_count, pieces, split, weighted
+from hetgpt.costs import counts, flops_per_sequence, optimizer_updates_shards_alone
+from hetgpt.decision import Plan
 from hetgpt.errors import die
-from hetgpt import costs
-from hetgpt.costs import (activation_bytes, counts, flops_per_sequence,
-                   optimizer_state_bytes, optimizer_updates_shards_alone)
-from hetgpt.hardware import (GPUS, HOST_BW, HOST_THREAD_BW, UNKNOWN_GPU, native_dtype,
-                             peak_flops)
-from model import LOSS_CHUNK, GPTConfig
-
-GiB = 2**30
-
-# Guesses that a probe step replaces; each is what the dry run assumes.
-EFFICIENCY = 0.5       # matmul FLOPs / dense peak: nanoGPT ~0.4-0.5 MFU on A100, Megatron-LM ~0.5
-LINK_EFFICIENCY = 0.7  # NCCL bus bandwidth / link's nominal (nccl-tests: ~230 of 300 GB/s, NVLink)
-NIC_EFFICIENCY = 0.93  # NCCL bus bandwidth / NIC line rate: 46-48 of 50 GB/s per NDR 400 Gb/s NIC
-                       # (NVIDIA on nccl-tests#290 and #267)
-COLLECTIVE_S = 50e-6   # one NCCL collective's start-up: a 4-byte all-reduce over 2 nodes of 8 GPUs
-                       # takes 47 us (nccl#1244); it bounds what small messages cost
-PCIE_EFFICIENCY = 0.7  # pinned copies / PCIe nominal (A100 H2D 25 of 31.5, H100 35-53 of 63 GB/s)
-HBM_EFFICIENCY = 0.7   # fused AdamW's streaming / HBM peak
-HOST_ADAM_BW = 100e9   # bytes/s per node of the CPU's optimizer step where nothing says (a guess)
-LAUNCH_S = 1e-4        # seconds per layer per micro-batch (forward + backward kernel launches)
-FSDP_GROUP_S = 2e-4    # seconds per FSDP group per micro-batch: hooks, copy-in/copy-out
-CPU_FLOPS = 1e11       # FLOP/s of a CPU rank when not measured (2 AVX-512 cores, float32)
-CPU_COMM_BW = 2e9      # gloo over loopback
-DDP_BUCKET = 25 * 2**20  # bytes per all-reduce: DDP's default bucket_cap_mb
-GPU_OVERHEAD = GiB     # outside the allocator: CUDA context, NCCL buffers (unless measured)
-PROCESS_HOST = 2 * GiB  # host bytes of one training process (Python, torch, CUDA host state)
-CPU_OVERHEAD = GiB // 2  # a CPU rank's process before any tensor
-ALLOC_SLACK = 0.05     # a CPU rank: malloc's arenas and fragmentation, of what comes and goes
-# A GPU's allocator, as train.py sets it (expandable_segments): each stream's two pools grow by
-# pages, 20 MiB for blocks over 1 MiB and 2 MiB for the rest (c10/cuda/CUDACachingAllocator.cpp),
-# and a page freed whole goes back before an out-of-memory, so what is lost to rounding is the
-# last, partly used page of each pool of each stream that allocates: the compute stream's, and
-# under FSDP2 its all-gather copy-in, all-gather and reduce-scatter streams' (blocks are rounded
-# to 512 bytes: under 2 MB for the 4,000 tensors of a 96-layer model's states, left out).
-ALLOC_PAGES = (20 + 2) * 2**20
-ALLOC_STREAMS = {False: 1, True: 4}  # by whether the strategy shards (FSDP2)
-HOST_FRACTION = 0.9    # of a host's memory (a CPU rank's, a node's): the kernel's and page
-                       # cache's share, which no process counts (a guess)
+from hetgpt.hardware import GPUS, native_dtype
+from hetgpt.memory import CPU_OVERHEAD, GPU_OVERHEAD, GiB, estimate, flags
 
 # The rungs, cheapest first: each saves memory the one before it holds, at a cost in time.
 DTYPES = ('bfloat16', 'float16', 'float32')  # (dtype=auto under FSDP: tried in this order)
 STRATEGIES = ('ddp', 'ddp+ac', 'fsdp-noreshard', 'fsdp', 'fsdp+ac', 'fsdp+offload',
               'fsdp+ac+offload')
 
-
-def flags(strategy):
-    shard = strategy.startswith('fsdp')
-    return dict(ac='+ac' in strategy, shard=shard, offload='offload' in strategy,
-                reshard_after_forward=shard and strategy != 'fsdp-noreshard')
+# Of a host's memory (a CPU rank's, a node's), what the planner fills: the rest is the kernel's
+# and the page cache's, which no process counts (a guess)
+HOST_FRACTION = 0.9
 
 
 # The largest global batch, MAX_BATCH = 2**24 = 16.8M sequences (train.py's RULES bound the batch
@@ -74,245 +37,6 @@ def flags(strategy):
 # iterates over the micro-batches of each step, and the plan lists them (one int each, per rank;
 # at most MAX_BATCH in all).
 MAX_BATCH = 2**24
-
-
-# -----------------------------------------------------------------------------
-# FSDP2's layout of the parameters
-def _sharded(shapes, n):
-    # FSDP2 shards each parameter on dim 0, padded to a multiple of n: a rank holds ceil(d0/n) rows
-    return sum(math.ceil(s[0] / n) * math.prod(s[1:]) for s in shapes)
-
-
-def _optimizer_state(n, N, shard):
-    # The optimizer's state on one rank: each parameter's (its shard's) elements at what
-    # model.make_optimizer keeps for that parameter (costs.optimizer_state_bytes, measured)
-    size = (lambda s: math.ceil(s[0] / N) * math.prod(s[1:])) if shard else math.prod
-    block, root = optimizer_state_bytes()
-    return (n['layers'] * sum(b * size(s) for b, s in zip(block, n['block_shapes']))
-            + sum(b * size(s) for b, s in zip(root, n['root_shapes'])))
-
-
-def _pinned(shapes, n):
-    # Pinned host bytes of the fp32 shards: the CUDA caching host allocator rounds every block up
-    # to a power of two (FSDP2 pins each parameter's shard, and each gradient copied back to it).
-    return sum(1 << (4 * math.ceil(s[0] / n) * math.prod(s[1:]) - 1).bit_length() for s in shapes)
-
-
-# -----------------------------------------------------------------------------
-# The estimator: bytes on one rank
-def estimate(model_config, strategy, micro_batch, world_size, dtype='bfloat16', ranks_per_node=None,
-             overhead=None, device='cuda', accumulate=False, micro_batches=2):
-    cfg, n, f = model_config, counts(model_config), flags(strategy)
-    N, b, s, h, L, V = (world_size, micro_batch, cfg.block_size, cfg.n_embd, cfg.n_layer,
-                        cfg.vocab_size)
-    P, Pb, Pr = n['total'], n['block'], n['root']
-    cb = 4 if str(dtype).replace('torch.', '') in ('float32', 'fp32') else 2  # compute dtype bytes
-    # Model states: fp32 params 4 + fp32 grads 4 + the optimizer's state (measured; AdamW's 8 makes
-    # ZeRO's 16 B/param). DDP (gradient_as_bucket_view: the grads are the buckets) keeps them all;
-    # FSDP2 shards all three by N (fp32 shards; reduce_dtype fp32).
-    mine = _sharded(n['block_shapes'], N) * L + _sharded(n['root_shapes'], N) if f['shard'] else P
-    optim = round(_optimizer_state(n, N, f['shard']))
-    part = dict(params=4 * mine, grads=4 * mine, optim=optim)
-    # FSDP2 accumulating without sync (set_requires_gradient_sync(False)) keeps every parameter's
-    # gradient unsharded in reduce_dtype (fp32) on the device until the reduce-scatter
-    unsharded_grads = 4 * P if f['shard'] and accumulate else 0
-    host_rank = 0 if device == 'cpu' else PROCESS_HOST
-    if f['offload']:  # CPUOffloadPolicy: shards on the host, pinned params and grads; AdamW there
-        host_rank += (_pinned(n['block_shapes'], N) * L + _pinned(n['root_shapes'], N)) * 2 + optim
-        part = dict(params=0, grads=0, optim=0)
-    part['grads'] += unsharded_grads
-    a = activation_bytes(cfg, strategy, dtype)
-    # The loss (model.LMHeadLoss) never holds the micro-batch's logits: one chunk of them at a time
-    # (compute dtype; float32, its log-softmax and autograd's gradient of it) and the gradients of
-    # a group of chunks (one buffer, compute dtype) come and go in its forward; its backward
-    # scales the head's float32 gradient.
-    rows, group = LOSS_CHUNK[device]  # (the planner's ranks are 'cuda' or 'cpu')
-    tokens = b * s
-    logits = max(min(rows, tokens) * V * (cb + 12) + min(group, tokens) * V * cb, 4 * V * h)
-    # Activations: what autograd saves, measured per sequence (saved_bytes), kept by every block
-    # (under ac: each block's input), and at the peak either the loss's
-    # working set with the rest's saved bytes, or later the working set of the top block's
-    # backward (backward_bytes: beside its saved tensors, or all of them recomputed under
-    # ac, the gradients of its wide intermediates) with the one saved tensor of the
-    # loss that outlives its backward: its float32 gradient of the head, now the tied weight's.
-    kept = L * b * (a['block_input'] if f['ac'] else a['block'])
-    backward = max(b * per + fixed for per, fixed in a['backward']['ac' if f['ac'] else 'plain'])
-    activations = kept + max(b * a['rest'] + a['rest_fixed'] + logits, a['rest_fixed'] + backward)
-    if not f['shard']:
-        # autocast's 16-bit copies of the weights, saved for backward (under AC: made again by the
-        # recompute, in its working set; train.py's autocast keeps no cache of them)
-        buffers = 0 if f['ac'] else a['block_fixed'] * L
-    else:
-        # FSDP2 buffers: the root group is never resharded after forward, and the tied
-        # wte/lm_head gradient lives through the whole backward (params + grads unsharded); the
-        # blocks: current + prefetched unsharded (all of them from forward to backward without
-        # resharding); one block's unsharded grad plus its fp32 copy for the reduce-scatter;
-        # under offload the fp32 shards of two blocks copied to the device before their all-gather.
-        reduce = 4 if cb == 2 else 0
-        live = 2 * cb * Pb if f['reshard_after_forward'] else cb * L * Pb
-        buffers = 2 * cb * Pr + live + (cb + reduce) * Pb + \
-            (8 * math.ceil(Pb / N) if f['offload'] else 0)
-    if overhead is None:
-        overhead = GPU_OVERHEAD if device == 'cuda' else CPU_OVERHEAD
-    slack = ALLOC_STREAMS[f['shard']] * ALLOC_PAGES if device == 'cuda' else \
-        ALLOC_SLACK * (activations + buffers)
-    other = buffers + slack + overhead
-    part.update(activations=activations, other=int(other))
-    # The peak, not the sum of the parts: activations are freed as backward makes the gradients,
-    # so both are held at once only when gradients outlive a step's forward: earlier micro-batches'
-    # (micro_batches > 1, FSDP's unsharded accumulation) or DDP's buckets (several ranks).
-    held = micro_batches > 1 or accumulate or (N > 1 and not f['shard'])
-    grads_and_activations = part['grads'] + activations if held else max(part['grads'], activations)
-    part['total'] = part['params'] + part['optim'] + int(other) + grads_and_activations
-    # The optimizer step, the activations gone: its temporaries (costs.step_bytes, measured; a
-    # shard's are its share) beside the states, on the host under offload
-    temporaries = costs.step_bytes_of(cfg) / (N if f['shard'] else 1)
-    if f['offload']:
-        host_rank += temporaries
-    else:
-        part['total'] = max(part['total'], sum(part[k] for k in ('params', 'grads', 'optim'))
-                            + int(other) + int(temporaries))
-    part['host_rank'] = host_rank
-    part['host'] = host_rank * (ranks_per_node or min(N, 8))
-    return part
-
-
-# -----------------------------------------------------------------------------
-# The planner
-@dataclass
-class Plan:
-    # Every decision train.py applies; lists hold one entry per rank.
-    strategy: str
-    ac: list                        # per rank: activation checkpointing of each block (a +ac
-                                    # rung; under DDP only on the ranks that need it)
-    shard: bool
-    reshard_after_forward: bool
-    offload: bool
-    reduce_every_micro_batch: bool  # FSDP: reduce-scatter after each micro-batch, or accumulate
-    init_device: str                # where weights are first made: 'cpu' (whole) or 'meta'
-    micro_batch: list               # per rank: the largest micro-batch (sequences) that fits
-    share: list                     # per rank: sequences of the global batch
-    micro_batches: list             # per rank: their sizes (FSDP: as many on every rank)
-    predicted: list                 # per rank: estimate() at its largest micro-batch
-    step_time: float
-    tokens_per_sec: float
-    mfu: float
-    fits: bool
-    advice: str = ''
-    needs: dict = field(default_factory=dict)
-    ranks: list = field(default_factory=list)
-    batch_size: int = 0
-    block_size: int = 0
-    n_params: int = 0
-    dtype: str = 'bfloat16'         # the ranks' compute dtype, or 'mixed' (dtypes)
-    dtypes: list = None             # each rank's compute dtype
-    dtype_steps: list = field(default_factory=list)  # FSDP, dtype=auto: (dtype, step) tried
-    candidates: list = field(default_factory=list)  # (strategy, fits, predicted step time)
-    config: GPTConfig = None
-    weights: list = None            # balance by these weights; None: by speed
-
-    @property
-    def accum(self):
-        return [len(m) for m in self.micro_batches]
-
-    def room(self, r, overhead=None):
-        # Bytes rank r's probe step may peak at, as its allocator counts (a GPU's CUDA context and
-        # NCCL buffers are outside it: overhead, measured, else as planned) or its host's RSS does
-        # (all of the process)
-        x = self.ranks[r]
-        outside = x['overhead'] if overhead is None else overhead
-        return x['budget'] - (outside if x['device'] == 'cuda' else 0)
-
-    def record(self, probed):
-        # rank 0's plan against its probe step (probe.probe's peak): metrics.jsonl's first row
-        gib = lambda n: (n or 0) / GiB
-        return {'plan': self.strategy, 'ac': self.ac[0], 'micro_batch': self.micro_batch[0],
-                'pred_gib': gib(self.predicted[0]['total']),
-                'pred_host_gib': gib(self.predicted[0]['host_rank']),
-                'pred_tokens_per_sec': self.tokens_per_sec, 'probe_gib': gib(probed['total']),
-                'probe_alloc_gib': gib(probed['alloc'] or probed['total']),
-                'overhead_gib': gib(probed['overhead'])}
-
-    def table(self, measured=None):
-        g = lambda x: '-' if x is None else f"{x / GiB:.1f}"
-        parts = ('params', 'grads', 'optim', 'activations', 'other', 'total')
-        out = [f"plan: {self.strategy} ({'fits' if self.fits else 'does NOT fit'}), "
-               f"{len(self.ranks)} rank(s), {self.n_params:,} parameters, "
-               f"{self.dtype if self.dtype != 'mixed' else 'dtype by rank'}, batch "
-               f"{self.batch_size} × {self.block_size} tokens; memory in GiB",
-               f"{'rank':>5} {'node':>5} {'device':<14} {'dtype':<5} {'share':>5} {'micro×acc':>9} ac     "
-               + ''.join(f"{p[:5]:>8}" for p in parts)
-               + f"{'budget':>8}{'host/node':>10}{'tok/s':>10}{'MFU':>6}"]
-        rows = []  # (rank, node, the rest of its lines)
-        for i, r in enumerate(self.ranks):
-            p, mb = self.predicted[i], f"{max(self.micro_batches[i])}×{self.accum[i]}"
-            tps = self.share[i] * self.block_size / (self.step_time or 1)
-            peak = _peak(r, self.dtypes[i])
-            mfu = costs.mfu(self.config, self.share[i], self.step_time, peak)
-            lines = [f" {r['gpu'] or r['device']:<14} {SHORT[self.dtypes[i]]:<5} {self.share[i]:>5} "
-                     f"{mb:>9} {'yes' if self.ac[i] else 'no':<3} pred"
-                     + ''.join(f"{g(p[k]):>8}" for k in parts)
-                     + f"{g(r['budget']):>8}{g(p['host']) if p['host'] else '-':>10}"
-                     + (f"{tps:>10,.0f}" if self.step_time else f"{'-':>10}")
-                     + (f"{mfu:>6.0%}" if mfu else f"{'-':>6}")]
-            if measured and i < len(measured) and measured[i]:
-                lines.append(f"{'':>41} meas" + ''.join(f"{g(measured[i].get(k)):>8}" for k in parts)
-                             + f"{'':>8}{g(measured[i].get('host')):>10}")
-            rows.append((i, r['node'], lines))
-        # consecutive ranks that would print the same lines: one row, "0-63"
-        span = lambda a, b: f"{a}" if a == b else f"{a}-{b}"
-        groups = []
-        for i, node, lines in rows:
-            if groups and groups[-1][2] == lines:
-                groups[-1][0][1], groups[-1][1][1] = i, node
-            else:
-                groups.append(([i, i], [node, node], lines))
-        for (a, b), (m, n), lines in groups:
-            out.append(f"{span(a, b):>5} {span(m, n):>5}" + lines[0])
-            out.extend(f"{'':>11}" + line for line in lines[1:])
-        out.append(host_line(self.ranks))
-        if self.step_time:
-            out.append(f"predicted: step {self.step_time:.3g} s, "
-                       f"{self.tokens_per_sec:,.0f} tokens/s"
-                       + (f", MFU {self.mfu:.0%}" if self.mfu else '')
-                       + f" (matmuls at {EFFICIENCY:.0%} of dense peak, links at "
-                       f"{LINK_EFFICIENCY:.0%}, NICs at {NIC_EFFICIENCY:.0%})")
-        if len(self.dtype_steps) > 1:  # FSDP gathers one dtype: the faster of the ranks' own
-            out.append(f"dtype: {self.dtype} on every rank (FSDP gathers the weights in one "
-                       f"dtype), the fastest of: " + ' | '.join(
-                           f"{d} {f'{t:.3g} s' if t else 'x'}" for d, t in self.dtype_steps))
-        out.append('candidates: ' + ' | '.join(f"{s} {f'{t:.3g} s' if ok else 'x'}"
-                                               for s, ok, t in self.candidates))
-        if self.advice:
-            out.append(('advice: ' if not self.fits else 'note: ') + self.advice)
-        return '\n'.join(out)
-
-
-def host_line(ranks):
-    # The host memory each node was planned with and where the figure came from (a rank's
-    # host_from: stated, MemAvailable, --host_mem; else given by the caller). A node's figure is its
-    # smallest rank's: ranks read MemAvailable at different moments, and the planner checks each.
-    least = {}
-    for r in ranks:
-        x = r['host_mem'] if r['host_mem'] is not None else math.inf
-        if x <= least.get(r['node'], (math.inf,))[0]:
-            least[r['node']] = (x, r.get('host_from') or 'given')
-    said = {n: f"{x / GiB:,.{0 if x >= 10 * GiB else 1}f} GiB, {how}" if x < math.inf
-            else 'not checked' for n, (x, how) in sorted(least.items())}
-    if len(set(said.values())) == 1:
-        return 'host memory: ' + next(iter(said.values())).replace(' GiB,', ' GiB per node,')
-    return 'host memory per node: ' + '; '.join(f"{n}: {text}" for n, text in said.items())
-
-
-def _dev(rank):
-    return GPUS.get(rank.get('gpu')) or UNKNOWN_GPU
-
-
-SHORT = {'bfloat16': 'bf16', 'float16': 'fp16', 'float32': 'fp32'}
-
-
-def _peak(rank, dtype):
-    return peak_flops(rank['gpu'], dtype) if rank['device'] == 'cuda' else None
 
 
 def _normalise(ranks, fraction):
@@ -333,42 +57,6 @@ def _normalise(ranks, fraction):
         r['fraction'], r['budget'] = fraction, r['mem'] * fraction * host
         r['host_budget'] = r['host_mem'] and r['host_mem'] * fraction * HOST_FRACTION
     return out
-
-
-def _bandwidth(ranks, inter_node_bw):
-    # NCCL's bus bandwidth (nccl-tests' busbw) for these ranks, bytes/s: an all-gather or a
-    # reduce-scatter of S bytes over N ranks takes (N-1)/N S / busbw, an all-reduce twice that.
-    # Inside a node: the GPUs' link (NVLink; PCIe between unlike GPUs). Between nodes NCCL runs
-    # its rings (channels) through all of a node's NICs at once, so a node's boundary carries the
-    # sum of its NICs: each GPU's share 'net' (or inter_node_bw), summed over the node's GPUs,
-    # the slowest node bounding (NVIDIA on nccl-tests#267: all-to-all alone is held to one NIC).
-    # NCCL's trees (all-reduce across many nodes) reach the same busbw: they save latency only.
-    # gloo for CPU ranks.
-    if any(r['device'] == 'cpu' for r in ranks):
-        return CPU_COMM_BW
-    kinds = {r['gpu'] for r in ranks}
-    intra = _dev(ranks[0])['p2p'] if len(kinds) == 1 else min(_dev(r)['host'] for r in ranks)
-    intra = LINK_EFFICIENCY * intra * 1e9
-    nics = Counter()
-    for r in ranks:
-        nics[r['node']] += inter_node_bw or _dev(r)['net'] * 1e9
-    return intra if len(nics) == 1 else min(intra, NIC_EFFICIENCY * min(nics.values()))
-
-
-def _host_bw(ranks):
-    # Bytes/s per node of the optimizer's step on its host CPU (offload; a CPU rank's step): what
-    # its GPU ranks measured at start-up, each its own step, all at once (hardware.this_rank),
-    # summed; in a dry run, its ranks' threads (one each under torchrun) or its reference
-    # system's memory, the lesser (hardware.HOST_BW); else HOST_ADAM_BW.
-    bw, nodes = Counter(), Counter(r['node'] for r in ranks)
-    for r in ranks:
-        bw[r['node']] += r.get('host_bw') or 0
-    for r in ranks:
-        if not bw[r['node']]:
-            known = HOST_BW.get(r['gpu']) if r['device'] == 'cuda' else None
-            bw[r['node']] = min(nodes[r['node']] * HOST_THREAD_BW, known) * 1e9 if known \
-                else HOST_ADAM_BW
-    return bw
 
 
 def dtype_options(ranks, shard):
@@ -411,7 +99,7 @@ def _evaluate_one(cfg, batch, ranks, strategy, mbs, inter_node_bw, accumulate, w
     # DDP+AC each rank checkpoints only if that is faster (a rank that cannot hold one sequence
     # without it; not one whose micro-batch without it is merely smaller). Each rank computes in
     # its r['dtype'].
-    f, R, n = flags(strategy), len(ranks), counts(cfg)
+    f, R = flags(strategy), len(ranks)
     per_node = Counter(r['node'] for r in ranks)
     # a CPU rank's RAM holds its device bytes and its host bytes
     used = lambda r, e: e['total'] + (e['host_rank'] if r['device'] == 'cpu' else 0)
@@ -446,11 +134,9 @@ def _evaluate_one(cfg, batch, ranks, strategy, mbs, inter_node_bw, accumulate, w
                   need=[(used(r, est(r, max(1, mbs))), r['budget']) for r in ranks])
     if not (result['device_ok'] and host_ok):
         return result
-    # Time. Compute: FLOPs at peak × EFFICIENCY per sequence, plus launches per micro-batch.
-    rate = lambda r: CPU_FLOPS if r['device'] == 'cpu' else \
-        (_peak(r, r['dtype']) or _dev(r)['bf16'] * 1e12) * EFFICIENCY
-    c0 = [cfg.n_layer * LAUNCH_S + ((cfg.n_layer + 1) * FSDP_GROUP_S if f['shard'] else 0.0)] * R
-    per_sequence = lambda r, ac, cap: flops_per_sequence(cfg, ac) / rate(r) + c0[0] / cap
+    # Time (clock.py). Under DDP+AC a rank checkpoints if its seconds per sequence are fewer.
+    per_sequence = lambda r, ac, cap: flops_per_sequence(cfg, ac) / clock.rate(r) + \
+        clock.launches(cfg, f['shard']) / cap
     ac = [f['ac']] * R
     if f['ac'] and not f['shard'] and choose:
         plain = [cap(r, 'ddp') for r in ranks]
@@ -459,134 +145,21 @@ def _evaluate_one(cfg, batch, ranks, strategy, mbs, inter_node_bw, accumulate, w
         caps = [c if a else p for a, c, p in zip(ac, caps, plain)]
         result['caps'] = caps
     ranks_strategy = [strategy if a else 'ddp' for a in ac] if not f['shard'] else [strategy] * R
-    c1 = [flops_per_sequence(cfg, a) / rate(r) for r, a in zip(ranks, ac)]
-    mine = n['total'] if not f['shard'] else \
-        _sharded(n['block_shapes'], R) * cfg.n_layer + _sharded(n['root_shapes'], R)
-    # Optimizer step: fused AdamW, memory bound, on the device; on the host under offload (or for
-    # CPU ranks), where the ranks of a node share its memory bandwidth. It streams p, g and its
-    # state in, p and the state out; clipping reads g.
-    on_host = lambda r: f['offload'] or r['device'] == 'cpu'
-    step_bytes = 16 * mine + 2 * _optimizer_state(n, R, f['shard'])
-    host = _host_bw(ranks)
-    opt = [step_bytes * (per_node[r['node']] / host[r['node']] if on_host(r)
-                         else 1 / (_dev(r)['hbm'] * 1e9 * HBM_EFFICIENCY)) for r in ranks]
-    bw, ring = _bandwidth(ranks, inter_node_bw), (R - 1) / R
-    cb = 4 if ranks[0]['dtype'] == 'float32' else 2  # (FSDP's gathers: one dtype)
-    if batch > EXACT:  # the same, in closed form: micro-batches as runs of equal sizes
-        step, share, sizes = _time_runs(batch, caps, c0, c1, opt, f, n, R, ring, bw, cb,
-                                        _comm(f, n, R, ring, bw, cb, ranks, per_node, accumulate,
-                                              mine), accumulate, weights)
-    elif not f['shard']:
-        # DDP: each rank alone, then the all-reduce of the fp32 grads (_all_reduce), overlapped
-        # with the backward (2/3) of the slowest rank's last micro-batch.
-        share, sizes = weighted(batch, caps, weights, False) if weights else \
-            split(batch, caps, c0, c1, fixed=opt)
-        busy = [sum(a + c * max(m, 1) for m in ms) + o for a, c, ms, o in zip(c0, c1, sizes, opt)]
-        slow = max(range(R), key=busy.__getitem__)
-        last = c0[slow] + c1[slow] * max(sizes[slow][-1], 1)
-        step = busy[slow] + max(0.0, _all_reduce(n, R, ring, bw) - 2 / 3 * last)
-    else:
-        gather, reduce, host_add = _comm(f, n, R, ring, bw, cb, ranks, per_node, accumulate, mine)
-        # The same count K of micro-batches on every rank; each waits for the slowest rank's
-        # piece, and prefetching overlaps the collectives with compute. Try K from the fewest up
-        # while the caps still bind the split.
-        best = None
-        for K in range(math.ceil(batch / sum(caps)), batch + 1):
-            share, sizes = weighted(batch, caps, weights, True) if weights else \
-                split(batch, caps, c0, c1, count=K)
-            K = len(sizes[0])
-            comm = [gather + (reduce if not accumulate or j == K - 1 else 0) for j in range(K)]
-            compute = [max(a + c * max(ms[j], 1) for a, c, ms in zip(c0, c1, sizes))
-                       for j in range(K)]
-            t = sum(max(comm[j], compute[j]) + (host_add if j else 0.0) for j in range(K))
-            if best is None or t + max(opt) < best[0]:
-                best = (t + max(opt), share, sizes)
-            if weights or all(x < K * m for x, m in zip(share, caps)):
-                break  # no rank is full: more micro-batches only cost
-        step, share, sizes = best
-        # the root group (tied embeddings) is gathered before anything can run and reduced after
-        # everything has: its collectives are exposed
-        step += ring * (cb + 4) * n['root'] / bw if R > 1 else 0.0
-    result['runs' if batch > EXACT else 'sizes'] = sizes
-    largest = [max(n for n, k in ms if k) if batch > EXACT else max(ms) for ms in sizes]
+    step, share, rs = clock.step(cfg, batch, ranks, f, caps, ac, accumulate, weights,
+                                 inter_node_bw)
+    result['runs'] = rs
+    largest = [max(n for n, k in r if k) for r in rs]
     predicted = [est(r, max(b, 1), count, s)
                  for r, b, count, s in zip(ranks, largest, _counts(result), ranks_strategy)]
-    peaks = [_peak(r, r['dtype']) for r in ranks]
+    peaks = [clock.peak(r, r['dtype']) for r in ranks]
     mfu = costs.mfu(cfg, batch, step, sum(peaks) if all(peaks) else None)
     result.update(share=share, predicted=predicted, step=step, mfu=mfu, ac=ac,
                   tokens_per_sec=batch * cfg.block_size / step)
     return result
 
 
-def _all_reduce(n, R, ring, bw):
-    # DDP's all-reduce of the fp32 grads (ring: 2(N-1)/N of them), in buckets of 25 MiB (DDP's
-    # bucket_cap_mb), a collective each
-    buckets = math.ceil(4 * n['total'] / DDP_BUCKET) if R > 1 else 0
-    return 2 * ring * 4 * n['total'] / bw + buckets * COLLECTIVE_S
-
-
-def _comm(f, n, R, ring, bw, cb, ranks, per_node, accumulate, mine):
-    # FSDP2 per micro-batch: all-gather of 16-bit weights (forward, and again for backward when
-    # resharded) and a reduce-scatter of fp32 grads, each (N-1)/N of the model; under offload
-    # the fp32 shards cross PCIe to the device before each all-gather and the grads back (one
-    # rank too: no ring, the same copies). Offloaded and reduced after each micro-batch, every
-    # micro-batch but the first adds its gradients to the host's: FSDP2 then copies them back
-    # synchronously (its add on the host needs them) and adds on the CPU (read 2, write 1 fp32 per
-    # parameter): not overlapped. Returns the seconds of (gathers, reduce, host add).
-    # Each of the model's FSDP groups (a block each, and the root) starts its own collectives.
-    gathers = 2 if f['reshard_after_forward'] else 1
-    pcie = min(_dev(r)['host'] for r in ranks) * 1e9 * PCIE_EFFICIENCY
-    start = COLLECTIVE_S * (n['layers'] + 1) if R > 1 else 0.0
-    gather = gathers * (ring * cb * n['total'] / bw + start) + \
-        (gathers * 4 * mine / pcie if f['offload'] else 0)
-    reduce = ring * 4 * n['total'] / bw + start + (4 * mine / pcie if f['offload'] else 0)
-    host_add = 0.0
-    if f['offload'] and not accumulate:
-        host = _host_bw(ranks)
-        host_add = 4 * mine / pcie + max(12 * mine * k / host[node] for node, k in per_node.items())
-    return gather, reduce, host_add
-
-
-def _time_runs(batch, caps, c0, c1, opt, f, n, R, ring, bw, cb, comm, accumulate, weights):
-    # _evaluate_one's step time for a batch above balance.EXACT: each rank's micro-batches as runs
-    # of equal sizes (balance.runs: at most two), summed in closed form, and under FSDP the counts
-    # of micro-batches tried from the fewest up one by one, then by quarters (a bounded number of
-    # tries, where the step-by-step search would try every count while a rank is full).
-    # Returns (step, shares, runs).
-    if not f['shard']:
-        share = weighted_shares(batch, weights) if weights else \
-            split_shares(batch, caps, c0, c1, fixed=opt)
-        rs = [runs(x, m) for x, m in zip(share, caps)]
-        busy = [sum(k * (a + c * max(m, 1)) for m, k in r) + o
-                for a, c, r, o in zip(c0, c1, rs, opt)]
-        slow = max(range(R), key=busy.__getitem__)
-        last = c0[slow] + c1[slow] * max(rs[slow][-1][0], 1)
-        return busy[slow] + max(0.0, _all_reduce(n, R, ring, bw) - 2 / 3 * last), share, rs
-    gather, reduce, host_add = comm
-    best, K = None, math.ceil(batch / sum(caps))
-    while K <= batch:
-        share = weighted_shares(batch, weights) if weights else \
-            split_shares(batch, caps, c0, c1, count=K)
-        K = lockstep_count(share, caps) if weights else K
-        rs = [runs(x, m, K) for x, m in zip(share, caps)]
-        segments = lockstep_segments(rs, c0, c1)
-        t = sum(k * max(gather + (0.0 if accumulate else reduce), c) for k, c in segments)
-        if accumulate:  # (the last micro-batch reduces)
-            t += max(gather + reduce, segments[-1][1]) - max(gather, segments[-1][1])
-        t += host_add * (K - 1)
-        if best is None or t + max(opt) < best[0]:
-            best = (t + max(opt), share, rs)
-        if weights or all(x < K * m for x, m in zip(share, caps)):
-            break
-        K += max(1, K // 4)
-    step, share, rs = best  # (+ the exposed root group's collectives, as _evaluate_one says)
-    return step + (ring * (cb + 4) * n['root'] / bw if R > 1 else 0.0), share, rs
-
-
-def _counts(result):  # micro-batches per rank of an _evaluate_one result (lists or runs)
-    if 'runs' in result:
-        return [sum(k for _, k in r) for r in result['runs']]
-    return [len(ms) for ms in result['sizes']]
+def _counts(result):  # micro-batches per rank of an _evaluate_one result
+    return [sum(k for _, k in r) for r in result['runs']]
 
 
 def _expand(rs):  # runs as the list of sizes train.py iterates over
@@ -680,7 +253,7 @@ def batch_of(batch_size, gradient_accumulation_steps=0, micro_batch_size=0):
     return batch_size, micro_batch_size
 
 
-def make_plan(model_config, batch_size, ranks, plan='auto', micro_batch_size=0,
+def make_plan(cfg, batch_size, ranks, plan='auto', micro_batch_size=0,
               memory_fraction=1.0, dtype='auto', inter_node_bw=None, weights=None,
               init_device='auto'):
     # ranks: one dict per rank: device 'cuda'|'cpu', gpu (GPUS key or None), mem (device bytes the
@@ -690,7 +263,6 @@ def make_plan(model_config, batch_size, ranks, plan='auto', micro_batch_size=0,
     # in proportion to them (balance=even or w1,w2,...) instead of by speed. dtype: train.py's
     # knob: auto (each rank's own, r['dtype'] or native_dtype; one under FSDP, the fastest), one
     # dtype for all, or one per rank (DDP only).
-    cfg = model_config
     ranks = _normalise(ranks, memory_fraction)
     given = str(dtype).replace('torch.', '').split(',')
     assert plan == 'auto' or plan in STRATEGIES, \
@@ -705,7 +277,7 @@ def make_plan(model_config, batch_size, ranks, plan='auto', micro_batch_size=0,
     # what rules FSDP out: plan=auto leaves it untried, a plan that names it is refused
     no_shard = [f" with dtype={dtype}: FSDP gathers the weights in one dtype for all ranks; use "
                 f"plan=ddp or plan=ddp+ac, or one dtype"] if len(set(given)) > 1 else []
-    if not optimizer_updates_shards_alone():
+    if not optimizer_updates_shards_alone(cfg):
         no_shard.append(": model.make_optimizer's update of a matrix is not the update of its "
                         "row shards (FSDP would change it): use plan=ddp or plan=ddp+ac")
     if no_shard and flags(tried[0])['shard'] and plan != 'auto':
@@ -729,7 +301,7 @@ def make_plan(model_config, batch_size, ranks, plan='auto', micro_batch_size=0,
                 needs['plan'] = auto.strategy
         best = dict(results[-1])  # the last rung tried, shown at one sequence per rank
         per_node = Counter(x['node'] for x in ranks)
-        best.update(share=[0] * len(ranks), sizes=[[1]] * len(ranks), step=0.0, mfu=None,
+        best.update(share=[0] * len(ranks), runs=[[(1, 1)]] * len(ranks), step=0.0, mfu=None,
                     tokens_per_sec=0.0, ac=[flags(best['strategy'])['ac']] * len(ranks),
                     predicted=[estimate(cfg, best['strategy'], 1, len(ranks), d,
                                         per_node[r['node']], r['overhead'], r['device'])
@@ -744,10 +316,9 @@ def make_plan(model_config, batch_size, ranks, plan='auto', micro_batch_size=0,
         init_device = 'cpu' if all(r['host_mem'] is None or 4 * total * per_node[r['node']]
                                    < r['host_mem'] / 2 for r in ranks) else 'meta'
     f = flags(best['strategy'])
-    sizes = best['sizes'] if 'sizes' in best else [_expand(r) for r in best['runs']]
     return Plan(strategy=best['strategy'], **{**f, 'ac': best['ac']}, init_device=init_device,
                 reduce_every_micro_batch=f['shard'] and not best['accumulate'],
-                micro_batch=best['caps'], share=best['share'], micro_batches=sizes,
+                caps=best['caps'], share=best['share'], sizes=[_expand(r) for r in best['runs']],
                 predicted=best['predicted'], step_time=best['step'],
                 tokens_per_sec=best['tokens_per_sec'], mfu=best['mfu'], fits=bool(feasible),
                 advice=advice, needs=needs, ranks=ranks, batch_size=batch_size,
@@ -758,16 +329,6 @@ def make_plan(model_config, batch_size, ranks, plan='auto', micro_batch_size=0,
                 config=cfg)
 
 
-def after_oom(caps, peaks, strategy):
-    # The probe step ran out of memory (peak None) on some ranks: they halve their micro-batch. At
-    # one sequence there is nothing to halve: the next rung is the way.
-    if any(peak is None and cap == 1 for peak, cap in zip(peaks, caps)):
-        rungs = STRATEGIES[STRATEGIES.index(strategy) + 1:]
-        die(f"out of memory at micro-batch 1 under plan {strategy}: try "
-            f"{'plan=' + rungs[0] if rungs else 'more GPUs or a shorter block_size'}")
-    return [cap if peak else max(1, cap // 2) for peak, cap in zip(peaks, caps)]
-
-
 def resplit(p, caps, c0=None, c1=None):
     # The plan's split again, after the probe step: for the micro-batch caps it left and, by speed,
     # for each rank's measured c0, c1 (balance.py). This is the split the first step runs.
@@ -775,6 +336,6 @@ def resplit(p, caps, c0=None, c1=None):
         share = weighted(p.batch_size, caps, p.weights, p.shard)[0] if p.weights else p.share
         sizes = pieces(share, caps, lockstep_count(share, caps) if p.shard else None)
     else:
-        count = max(len(p.micro_batches[0]), math.ceil(p.batch_size / sum(caps)))
+        count = max(len(p.sizes[0]), math.ceil(p.batch_size / sum(caps)))
         share, sizes = split(p.batch_size, caps, c0, c1, count=count if p.shard else None)
-    return replace(p, micro_batch=caps, share=share, micro_batches=sizes)
+    return replace(p, caps=caps, share=share, sizes=sizes)

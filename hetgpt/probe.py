@@ -1,11 +1,12 @@
 """
 The plan checked on the real device before training: each rank runs training steps at its
-micro-batch cap and measures its peak memory; the planner halves the caps that failed, and all
-probe again.
+micro-batch cap and measures its peak memory; the caps that failed are halved (after_oom), and
+all probe again.
 """
 import torch
 
 from hetgpt import hardware, planner
+from hetgpt.errors import die
 from hetgpt.group import gather
 
 
@@ -13,15 +14,25 @@ def fit_caps(plan, rank, step, steps, device_type, stated, log):
     # step(sizes): a training step of this rank's micro-batches (sizes) that leaves the weights
     # as they are (optim.frozen). steps: how many make the steps that follow (DDP rebuilds its
     # buckets in its second iteration). Returns (caps, every rank's peak, this rank's peak).
-    caps = plan.micro_batch
+    caps = plan.caps
     while True:  # (this rank's micro-batches at its cap: as many as the plan gives it, up to 2)
-        count = min(2, len(planner.resplit(plan, caps).micro_batches[rank]))
+        count = min(2, len(planner.resplit(plan, caps).sizes[rank]))
         mine = probe([caps[rank]] * count, plan, rank, step, steps, device_type, stated)
         peaks = gather(mine)
         if all(peaks):
             return caps, peaks, mine
-        caps = planner.after_oom(caps, peaks, plan.strategy)
+        caps = after_oom(caps, peaks, plan.strategy)
         log(f"out of memory in the probe step: micro-batches now {caps}")
+
+
+def after_oom(caps, peaks, strategy):
+    # The probe step ran out of memory (peak None) on some ranks: they halve their micro-batch. At
+    # one sequence there is nothing to halve: the next rung is the way.
+    if any(peak is None and cap == 1 for peak, cap in zip(peaks, caps)):
+        rungs = planner.STRATEGIES[planner.STRATEGIES.index(strategy) + 1:]
+        die(f"out of memory at micro-batch 1 under plan {strategy}: try "
+            f"{'plan=' + rungs[0] if rungs else 'more GPUs or a shorter block_size'}")
+    return [cap if peak else max(1, cap // 2) for peak, cap in zip(peaks, caps)]
 
 
 def probe(sizes, plan, rank, step, steps, device_type, stated):

@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hetgpt import hardware  # noqa: E402
 import model  # noqa: E402
-from hetgpt import costs, planner  # noqa: E402
+from hetgpt import costs, memory  # noqa: E402
 
 if not hardware.return_freed_host_memory():
     sys.exit("peak_step.py: no glibc mallopt here: the resident set would not follow live bytes")
@@ -56,7 +56,7 @@ def step(net, optimizer, idx):
         opt.zero_grad(set_to_none=True)
 
 
-predicted = planner.estimate(cfg, strategy, b, 1, dtype='float32', device='cpu', overhead=0,
+predicted = memory.estimate(cfg, strategy, b, 1, dtype='float32', device='cpu', overhead=0,
                           micro_batches=1)['total']
 torch.manual_seed(0)
 idx = torch.randint(0, cfg.vocab_size, (b, cfg.block_size))

@@ -66,9 +66,9 @@ for name, gpus, host in {[('gpt_tiny', '2xcpu', 16),
     d = runpy.run_path(f'configs/{{name}}.py')
     cfg = config_from({{k: v for k, v in d.items() if not k.startswith('_')}})
     p = planner.make_plan(cfg, planner.MAX_BATCH, plan._cluster(gpus, 0, host))
-    out.append(dict(name=name, fits=p.fits, shard=p.shard, share=p.share, cap=p.micro_batch,
-                    total=sum(map(sum, p.micro_batches)), sums=list(map(sum, p.micro_batches)),
-                    largest=[max(m) for m in p.micro_batches], counts=p.accum))
+    out.append(dict(name=name, fits=p.fits, shard=p.shard, share=p.share, cap=p.caps,
+                    total=sum(map(sum, p.sizes)), sums=list(map(sum, p.sizes)),
+                    largest=[max(m) for m in p.sizes], counts=p.accum))
 print(json.dumps(out))
 """
 

@@ -37,12 +37,12 @@ def budget_for(work, sequences):
     # this machine: a run where both ranks have room says what it predicts for 4 (its CPU
     # process as measured at start-up included); the planner's own difference per sequence,
     # which the process does not change, gives the rest.
-    from hetgpt import planner  # noqa: E402
+    from hetgpt import memory  # noqa: E402
     from model import GPTConfig
     run_train(work, *WIDE, '--out_dir=roomy', '--balance=even', nproc=2)
     at_4 = metrics(work / 'roomy')[0]['pred_gib'] * 2**30
     cfg = GPTConfig(n_layer=6, n_head=2, n_embd=64, block_size=1024, vocab_size=256, bias=False)
-    at = lambda b: planner.estimate(cfg, 'ddp', b, 2, dtype='float32', device='cpu')['total']
+    at = lambda b: memory.estimate(cfg, 'ddp', b, 2, dtype='float32', device='cpu')['total']
     return at_4 - at(4) + at(sequences) + 0.6 * (at(sequences + 1) - at(sequences))
 
 

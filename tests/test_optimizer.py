@@ -111,12 +111,14 @@ def test_make_optimizer_takes_the_config():
     assert torch.optim.AdamW is type(opt)
 
 
-def test_the_plan_counts_each_parameters_optimizer_state(monkeypatch):
+@pytest.mark.parametrize('bias', [True, False])
+def test_the_plan_counts_each_parameters_optimizer_state(monkeypatch, bias):
     # Muon keeps one momentum (4 bytes per element) for the blocks' matrices, AdamW two moments (8)
     # for the rest: the planner's optimizer state is that sum over the real model's parameters,
-    # not a small model's average applied to all of them
+    # not a small model's average applied to all of them (with or without biases: a small model
+    # of another structure would pair the wrong parameters)
     import model
-    from hetgpt import costs, planner
+    from hetgpt import costs, memory
 
     def muon_and_adamw(net, config):  # as MUON's edit splits the parameters
         blocks = {p for n, p in net.named_parameters() if '.h.' in n and p.dim() == 2}
@@ -126,12 +128,13 @@ def test_the_plan_counts_each_parameters_optimizer_state(monkeypatch):
     monkeypatch.setattr(model, 'make_optimizer', muon_and_adamw)
     costs.optimizer_state_bytes.cache_clear()
     try:
-        cfg = model.GPTConfig(n_layer=6, n_head=4, n_embd=128, block_size=64, vocab_size=4096)
+        cfg = model.GPTConfig(n_layer=6, n_head=4, n_embd=128, block_size=64, vocab_size=4096,
+                              bias=bias)
         with torch.device('meta'):
             net = model.GPT(cfg)
         expected = sum((4 if '.h.' in n and p.dim() == 2 else 8) * p.numel()
                        for n, p in net.named_parameters())
-        assert planner.estimate(cfg, 'ddp', 1, 1)['optim'] == expected
+        assert memory.estimate(cfg, 'ddp', 1, 1)['optim'] == expected
     finally:
         costs.optimizer_state_bytes.cache_clear()
 
@@ -143,7 +146,7 @@ def test_the_plan_counts_the_optimizer_step_s_temporaries(monkeypatch):
     # few of each with the k × k products (k its shorter side). Under DDP, one micro-batch whose
     # activations are smaller than the gradients, the step is the peak: the states and that.
     import model
-    from hetgpt import costs, planner
+    from hetgpt import costs, memory
     cfg = model.GPTConfig(n_layer=4, n_head=8, n_embd=512, block_size=64, vocab_size=4096)
     costs.step_bytes.cache_clear()
     assert costs.step_bytes_of(cfg) == 0
@@ -168,7 +171,7 @@ def test_the_plan_counts_the_optimizer_step_s_temporaries(monkeypatch):
         m, k = 4 * cfg.n_embd, cfg.n_embd  # the MLP's matrices: 2048 × 512
         temporaries = costs.step_bytes_of(cfg)
         assert (4 + 2) * m * k <= temporaries <= 4 * (4 + 2) * m * k + 4 * 2 * k * k, temporaries
-        e = planner.estimate(cfg, 'ddp', 1, 1, micro_batches=1)
+        e = memory.estimate(cfg, 'ddp', 1, 1, micro_batches=1)
         states = e['params'] + e['grads'] + e['optim']
         assert e['activations'] < e['grads']
         assert e['total'] - e['other'] == states + temporaries

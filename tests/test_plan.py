@@ -15,7 +15,9 @@ import pytest
 import torch
 
 from hetgpt import hardware
+from hetgpt import clock
 from hetgpt import costs
+from hetgpt import memory
 from hetgpt import planner
 import plan
 from configurator import configure
@@ -62,7 +64,7 @@ def test_parameter_count_is_exact(name):
     cfg, _ = load(name)
     P = exact_params(cfg)
     assert costs.counts(cfg)['total'] == P
-    e = planner.estimate(cfg, 'ddp', 1, 1)
+    e = memory.estimate(cfg, 'ddp', 1, 1)
     assert e['params'] == 4 * P and e['params'] + e['grads'] + e['optim'] == 16 * P  # ZeRO's 16Ψ
 
 
@@ -74,8 +76,8 @@ def test_111m_on_one_h200_is_ddp_without_checkpointing():
     p = planner.make_plan(cfg, batch, cluster('H200', 1))
     assert p.fits and p.strategy == 'ddp' and not any(p.ac) and not p.shard
     # the micro-batch is what the formula allows, less autocast's weight copies, fp32 residual and slack
-    assert min(batch, 0.6 * room / per_sequence(cfg)) <= p.micro_batch[0] <= room / per_sequence(cfg)
-    assert sum(p.share) == batch and p.accum[0] == math.ceil(batch / p.micro_batch[0])
+    assert min(batch, 0.6 * room / per_sequence(cfg)) <= p.caps[0] <= room / per_sequence(cfg)
+    assert sum(p.share) == batch and p.accum[0] == math.ceil(batch / p.caps[0])
 
 
 def test_13b_on_one_h200_with_128gb_host_does_not_fit_and_says_how_much_host():
@@ -127,18 +129,18 @@ def test_forced_ddp_for_13b_on_one_gpu_does_not_fit():
 
 def test_model_states_shrink_along_the_ladder():
     cfg, _ = load('gpt_13b')
-    states = [sum(planner.estimate(cfg, s, 1, 8)[k] for k in ('params', 'grads', 'optim')) for s in planner.STRATEGIES]
+    states = [sum(memory.estimate(cfg, s, 1, 8)[k] for k in ('params', 'grads', 'optim')) for s in planner.STRATEGIES]
     assert all(a >= b for a, b in zip(states, states[1:])) and states[0] > states[-1] == 0
     P = exact_params(cfg)
     assert states[3] == pytest.approx(16 * P / 8, rel=1e-3)  # FSDP: 16Ψ/N, up to dim-0 padding
-    act = [planner.estimate(cfg, s, 4, 8)['activations'] for s in ('fsdp', 'fsdp+ac')]
+    act = [memory.estimate(cfg, s, 4, 8)['activations'] for s in ('fsdp', 'fsdp+ac')]
     assert act[1] < act[0] / 3                      # checkpointing keeps block inputs only
 
 
 @pytest.mark.parametrize('strategy', ['ddp', 'fsdp', 'fsdp+ac'])
 def test_micro_batch_cap_grows_with_memory(strategy):
     cfg, _ = load('gpt_1p3b')
-    caps = [planner.make_plan(cfg, 4096, [dict(device='cuda', gpu='A100-80GB', mem=g * GiB)], plan=strategy).micro_batch[0]
+    caps = [planner.make_plan(cfg, 4096, [dict(device='cuda', gpu='A100-80GB', mem=g * GiB)], plan=strategy).caps[0]
             for g in (24, 40, 80, 141)]
     assert all(a <= b for a, b in zip(caps, caps[1:])) and caps[-1] > caps[0]
 
@@ -160,13 +162,13 @@ def test_mixed_cluster_gives_faster_gpus_more():
     cfg, batch = load('gpt_13b')
     p = planner.make_plan(cfg, batch, cluster('A100-80GB', 4, 1024) + cluster('V100-32GB', 4, 1024))
     assert p.fits and sum(p.share) == batch and min(p.share[:4]) > max(p.share[4:])
-    assert all(max(m) <= c for m, c in zip(p.micro_batches, p.micro_batch))
+    assert all(max(m) <= c for m, c in zip(p.sizes, p.caps))
 
 
 def test_forced_micro_batch_size():
     cfg, batch = load('gpt_111m')
     p = planner.make_plan(cfg, batch, cluster('H200', 1), micro_batch_size=8)
-    assert p.fits and p.micro_batch == [8] and p.accum == [15]
+    assert p.fits and p.caps == [8] and p.accum == [15]
     p = planner.make_plan(cfg, 480, cluster('H200', 1), plan='ddp', micro_batch_size=480)
     assert not p.fits
     # its advice: the longest power-of-two block_size at which that micro-batch fits (not the one
@@ -220,7 +222,7 @@ def test_fsdp_accumulation_without_sync_costs_unsharded_fp32_grads():
     # FSDP2 under set_requires_gradient_sync(False) keeps every gradient unsharded in fp32
     cfg, batch = load('gpt_1p3b')
     P = exact_params(cfg)
-    a, b = (planner.estimate(cfg, 'fsdp', 2, 8, accumulate=acc)['grads'] for acc in (False, True))
+    a, b = (memory.estimate(cfg, 'fsdp', 2, 8, accumulate=acc)['grads'] for acc in (False, True))
     assert b - a == 4 * P
     p = planner.make_plan(cfg, batch, cluster('A100-80GB', 8))
     if p.shard and not p.reduce_every_micro_batch:
@@ -249,10 +251,10 @@ def test_offload_on_one_gpu_pays_its_pcie_copies():
     # the forward's and again before the backward's all-gather, and the fp32 gradients back.
     cfg, _ = load('gpt_13b')
     P, s, L = exact_params(cfg), cfg.block_size, cfg.n_layer
-    pcie = 63e9 * planner.PCIE_EFFICIENCY                       # H200: PCIe Gen5 x16 per direction
+    pcie = 63e9 * clock.PCIE_EFFICIENCY                       # H200: PCIe Gen5 x16 per direction
     copies = (2 * 4 * P + 4 * P) / pcie
-    compute = L * planner.LAUNCH_S + (L + 1) * planner.FSDP_GROUP_S + \
-        s * flops_per_token(cfg) / (989e12 * planner.EFFICIENCY)
+    compute = L * clock.LAUNCH_S + (L + 1) * clock.FSDP_GROUP_S + \
+        s * flops_per_token(cfg) / (989e12 * clock.EFFICIENCY)
     adam = ADAMW_STEP_BYTES * P / H200_HOST                     # on the host
     assert copies > 3 * compute                                 # what the old model dropped
     p = planner.make_plan(cfg, 1, cluster('H200', 1, host_gib=1024), plan='fsdp+offload')
@@ -264,14 +266,14 @@ def test_offload_accumulation_adds_gradients_on_the_host():
     # and added to the host's gradient (read 2, write 1 fp32 per parameter): K-1 exposed adds.
     cfg, _ = load('gpt_1p3b')
     P, s, L, K = exact_params(cfg), cfg.block_size, cfg.n_layer, 4
-    pcie = 63e9 * planner.PCIE_EFFICIENCY
-    per_micro_batch = max((2 * 4 * P + 4 * P) / pcie, L * planner.LAUNCH_S + (L + 1) * planner.FSDP_GROUP_S
-                          + 2 * s * flops_per_token(cfg) / (989e12 * planner.EFFICIENCY))
+    pcie = 63e9 * clock.PCIE_EFFICIENCY
+    per_micro_batch = max((2 * 4 * P + 4 * P) / pcie, L * clock.LAUNCH_S + (L + 1) * clock.FSDP_GROUP_S
+                          + 2 * s * flops_per_token(cfg) / (989e12 * clock.EFFICIENCY))
     host_add = 4 * P / pcie + 12 * P / H200_HOST
     adam = ADAMW_STEP_BYTES * P / H200_HOST
     ranks = planner._normalise(cluster('H200', 1, host_gib=1024), 0.9)
     r = planner._evaluate_one(cfg, 2 * K, ranks, 'fsdp+offload', 2, None, accumulate=False)
-    assert r['sizes'] == [[2] * K]
+    assert [planner._expand(x) for x in r['runs']] == [[2] * K]
     assert r['step'] == pytest.approx(K * per_micro_batch + (K - 1) * host_add + adam, rel=1e-6)
 
 
@@ -285,7 +287,7 @@ def test_an_empty_micro_batch_costs_one_sequence(strategy):
     # dtype=auto: the V100 computes in float16 (125 TFLOP/s; it has no bf16 units), under FSDP
     # with the H100 (float16 on both is faster than bfloat16 with the V100 at its float32 rate)
     assert p.dtypes == (['bfloat16', 'float16'] if strategy == 'ddp' else ['float16'] * 2)
-    v100_sequence = cfg.block_size * flops_per_token(cfg) / (125e12 * planner.EFFICIENCY)
+    v100_sequence = cfg.block_size * flops_per_token(cfg) / (125e12 * clock.EFFICIENCY)
     assert p.step_time >= v100_sequence
 
 
@@ -319,13 +321,13 @@ def test_between_nodes_nccl_drives_every_nic_of_a_node():
     achieved = 47 / 50
     for gpu, nics, line_rate in (('H100-SXM', 8, 400e9 / 8), ('A100-80GB', 8, 200e9 / 8),
                                  ('V100-32GB', 4, 100e9 / 8)):
-        inside = planner._bandwidth(planner._normalise(cluster(gpu, 8), 0.9), None)
+        inside = clock.bandwidth(planner._normalise(cluster(gpu, 8), 0.9), None)
         two_nodes = planner._normalise(cluster(gpu, 16), 0.9)
         expected = min(inside, nics * line_rate * achieved)
-        assert planner._bandwidth(two_nodes, None) == pytest.approx(expected, rel=0.02), gpu
+        assert clock.bandwidth(two_nodes, None) == pytest.approx(expected, rel=0.02), gpu
     # --inter_node_gbs is per GPU: a node of one GPU has that much, a node of eight 8 times it
     one_each = planner._normalise(cluster('H100-SXM', 2, per_node=1), 0.9)
-    assert planner._bandwidth(one_each, 1e9) == pytest.approx(achieved * 1e9, rel=0.02)
+    assert clock.bandwidth(one_each, 1e9) == pytest.approx(achieved * 1e9, rel=0.02)
     cfg, batch = load('gpt_1p3b')
     slow, fast = (planner.make_plan(cfg, batch, cluster('H100-SXM', 16), plan='ddp', inter_node_bw=bw)
                   for bw in (100e9 / 8 / 8, None))
@@ -336,9 +338,9 @@ def test_a_small_collective_costs_nccls_start_up():
     # A 4-byte all-reduce over 2 nodes of 8 GPUs takes 47 us (nccl#1244, NCCL 2.21): what DDP's
     # all-reduce of a few bytes is predicted to take, bandwidth being no part of it
     ranks = planner._normalise(cluster('H100-SXM', 16), 0.9)
-    bw = planner._bandwidth(ranks, None)
-    assert planner._all_reduce(dict(total=1), 16, 15 / 16, bw) == pytest.approx(47e-6, rel=0.25)
-    assert planner._all_reduce(dict(total=1), 1, 0, bw) == 0  # one rank: no collective
+    bw = clock.bandwidth(ranks, None)
+    assert clock.all_reduce(dict(total=1), 16, 15 / 16, bw) == pytest.approx(47e-6, rel=0.25)
+    assert clock.all_reduce(dict(total=1), 1, 0, bw) == 0  # one rank: no collective
 
 
 def test_a_sharded_model_on_64_gpus_runs_per_gpu_as_on_8_as_published():
@@ -367,7 +369,7 @@ def test_what_published_runs_held_fits():
     import published
     for gpu, cuda_gives in (('A100-80GB', 79.25), ('H100-SXM', 79.11)):
         p = published.plan_mpt('30b', gpu, 8, 3, 21, True)
-        assert p.fits and p.micro_batch == [3] * 8, gpu
+        assert p.fits and p.caps == [3] * 8, gpu
         assert p.ranks[0]['budget'] / GiB == pytest.approx(cuda_gives, abs=0.005)
         # memory_fraction leaves the rest to another job: at half, 30B fits no more
         ranks = cluster(gpu, 8)
@@ -381,7 +383,7 @@ def test_the_allocator_s_rounding_is_pages_on_a_gpu_and_a_share_on_a_cpu():
     # micro-batch: a GPU's 'other' (buffers, context, pages) does not grow with it. A CPU rank's
     # malloc keeps 5% of what comes and goes: its 'other' grows by 5% of the activations'.
     cfg, _ = load('gpt_111m')
-    est = lambda strategy, device, b: planner.estimate(cfg, strategy, b, 2, 'bfloat16', 2, GiB,
+    est = lambda strategy, device, b: memory.estimate(cfg, strategy, b, 2, 'bfloat16', 2, GiB,
                                                        device, False, 2)
     for strategy in ('ddp', 'fsdp'):
         small, large = est(strategy, 'cuda', 4), est(strategy, 'cuda', 8)
@@ -429,14 +431,14 @@ def test_the_offloaded_step_runs_at_the_hosts_rate():
     # (torchrun: OMP_NUM_THREADS=1) at one thread's rate, up to its memory: DGX A100's two EPYC
     # 7742 with 8 channels of DDR4-3200 each, 2 × 8 × 3.2e9 × 8 bytes/s
     measured = [dict(r, host_bw=3e9 if r['node'] else 5e9) for r in cluster('A100-80GB', 16)]
-    assert planner._host_bw(planner._normalise(measured, 0.9)) == {0: 8 * 5e9, 1: 8 * 3e9}
+    assert clock.host_bw(planner._normalise(measured, 0.9)) == {0: 8 * 5e9, 1: 8 * 3e9}
     dgx_a100 = 2 * 8 * 3.2e9 * 8
     one_node = planner._normalise(cluster('A100-80GB', 8), 0.9)
-    assert planner._host_bw(one_node)[0] == min(8 * hardware.HOST_THREAD_BW * 1e9, dgx_a100)
+    assert clock.host_bw(one_node)[0] == min(8 * hardware.HOST_THREAD_BW * 1e9, dgx_a100)
     crowded = planner._normalise(cluster('A100-80GB', 24, per_node=24), 0.9)
-    assert planner._host_bw(crowded)[0] == dgx_a100
+    assert clock.host_bw(crowded)[0] == dgx_a100
     cpu = planner._normalise([dict(device='cpu', mem=8 * GiB)] * 2, 0.9)
-    assert planner._host_bw(cpu)[0] == planner.HOST_ADAM_BW
+    assert clock.host_bw(cpu)[0] == clock.HOST_ADAM_BW
     # a slower host, a slower offloaded step
     cfg, batch = load('gpt_1p3b')
     slow, fast = (planner.make_plan(cfg, batch, [dict(r, host_bw=bw) for r in cluster('A100-80GB', 8)],
@@ -457,10 +459,10 @@ def test_cuda_overhead_is_measured_at_start_up(monkeypatch):
     assert me['gpu'] == 'H200' and me['mem'] == total and me['overhead'] == total - free - reserved
     assert me['host_bw'] == 7e9
     cfg, _ = load('gpt_111m')
-    with_it, without = (planner.estimate(cfg, 'ddp', 1, 1, overhead=o)['total'] for o in (me['overhead'], 0))
+    with_it, without = (memory.estimate(cfg, 'ddp', 1, 1, overhead=o)['total'] for o in (me['overhead'], 0))
     assert with_it - without == me['overhead']
-    default = planner.make_plan(cfg, 480, cluster('H200', 1)).micro_batch[0]
-    measured = planner.make_plan(cfg, 480, [me]).micro_batch[0]
+    default = planner.make_plan(cfg, 480, cluster('H200', 1)).caps[0]
+    measured = planner.make_plan(cfg, 480, [me]).caps[0]
     assert measured >= default  # 0.7 GiB measured against the guessed 1 GiB: never a smaller cap
 
 
@@ -480,7 +482,7 @@ def test_a_stated_memory_is_the_rank_s_budget_and_its_probe_room(monkeypatch):
     cpu = dict(device='cpu', mem=3 * GiB, node=1, host_mem=None)
     cfg, _ = load('gpt_111m')
     p = planner.make_plan(cfg, 64, [tight, roomy, cpu])
-    assert p.micro_batch[0] < p.micro_batch[1]
+    assert p.caps[0] < p.caps[1]
     assert p.room(0) == 20 * GiB - GiB and p.room(1) == 80 * GiB - GiB
     assert p.room(2) == 0.9 * 3 * GiB
 
@@ -559,7 +561,7 @@ def test_a_rank_with_less_memory_checkpoints_and_the_others_do_not():
     p = planner.make_plan(cfg, 64, ranks, plan='auto', inter_node_bw=0.2e9)
     assert p.candidates[0][:2] == ('ddp', False)
     assert p.fits and p.strategy == 'ddp+ac' and p.ac == [False, True]
-    assert p.micro_batch[0] > p.micro_batch[1] >= 1
+    assert p.caps[0] > p.caps[1] >= 1
     rows = p.table().splitlines()
     assert re.match(r'\s+0\s+0\s+H200 .* no +pred', rows[2]) and re.match(r'\s+1\s+1\s+H200 .* yes pred', rows[3])
     # plan=ddp+ac asked for: every rank checkpoints, as asked

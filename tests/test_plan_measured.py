@@ -11,6 +11,7 @@ import pytest
 
 import model
 from hetgpt import costs
+from hetgpt import memory
 from hetgpt import planner
 from model import GPTConfig
 
@@ -144,7 +145,7 @@ def test_activation_bytes_follow_an_edit_to_the_model(variant, policy):
     assert predicted == pytest.approx(expected, rel=0.05), (variant, policy)
     # and the estimate grows by that much per sequence in every layer (micro-batches past the
     # loss's group of chunks, whose working set then stops growing)
-    act = [planner.estimate(CFG, policy[0], b, 1, dtype=policy[1], device='cpu')['activations']
+    act = [memory.estimate(CFG, policy[0], b, 1, dtype=policy[1], device='cpu')['activations']
            for b in (16, 32)]
     rest = costs.activation_bytes(CFG, *policy)['rest']
     assert (act[1] - act[0]) / 16 == pytest.approx(CFG.n_layer * expected + rest, rel=0.05)
@@ -268,8 +269,8 @@ def test_optimizer_state_follows_the_optimizer_train_py_builds(monkeypatch, name
         state = sum(t.nbytes for o in optimizers for st in o.state.values() for t in st.values()
                     if torch.is_tensor(t) and t.dim() > 0)
         per_param = state / sum(p.numel() for p in layer.parameters())
-        assert all(b == pytest.approx(per_param) for b in sum(costs.optimizer_state_bytes(), ()))
-        assert planner.estimate(CFG, 'ddp', 1, 1)['optim'] == pytest.approx(
+        assert all(b == pytest.approx(per_param) for b in sum(costs.optimizer_state_bytes(CFG), ()))
+        assert memory.estimate(CFG, 'ddp', 1, 1)['optim'] == pytest.approx(
             per_param * costs.counts(CFG)['total'], abs=1)
     finally:
         forget_the_optimizer()
@@ -293,7 +294,7 @@ def test_a_whole_matrix_optimizer_is_never_sharded(monkeypatch):
     monkeypatch.setattr(model, 'make_optimizer', lambda net, config: [OrthogonalSGD(net.parameters())])
     forget_the_optimizer()
     try:
-        assert not costs.optimizer_updates_shards_alone()
+        assert not costs.optimizer_updates_shards_alone(CFG)
         ranks = [dict(device='cuda', gpu='A100-80GB', mem=80 * 2**30)] * 8
         p = planner.make_plan(CFG, 64, ranks)
         assert not p.shard and p.fits
@@ -303,8 +304,8 @@ def test_a_whole_matrix_optimizer_is_never_sharded(monkeypatch):
     finally:
         forget_the_optimizer()  # (OrthogonalSGD's state, none, must not stay planned)
         monkeypatch.undo()
-    assert costs.optimizer_updates_shards_alone()  # AdamW, as model.py has it
-    assert set(sum(costs.optimizer_state_bytes(), ())) == {8}
+    assert costs.optimizer_updates_shards_alone(CFG)  # AdamW, as model.py has it
+    assert set(sum(costs.optimizer_state_bytes(CFG), ())) == {8}
 
 
 def test_a_forward_the_trace_cannot_run_is_one_line(monkeypatch, capsys):
@@ -315,7 +316,7 @@ def test_a_forward_the_trace_cannot_run_is_one_line(monkeypatch, capsys):
     forget()
     try:
         with pytest.raises(SystemExit) as e:
-            planner.estimate(CFG, 'ddp', 1, 1)
+            memory.estimate(CFG, 'ddp', 1, 1)
     finally:
         forget()
     err = capsys.readouterr().err.strip().splitlines()

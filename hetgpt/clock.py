@@ -1,0 +1,175 @@
+"""
+The step-time model: the seconds of a training step on given ranks, predicted before any of them
+runs, from the devices' datasheets (hardware.GPUS) and the model's FLOPs (hetgpt/costs.py): each
+rank's compute (c0 seconds per micro-batch, c1 per sequence: what hetgpt/balance.py splits by), the
+optimizer step, and the collectives (NCCL's rings, gloo), overlapped as DDP and FSDP2 overlap them.
+The planner times each strategy with it; train.py then measures each rank's compute (balance.Speed)
+and splits the batch again by that.
+"""
+import math
+from collections import Counter
+
+from hetgpt.balance import (EXACT, lockstep_count, lockstep_segments, runs, split_shares,
+                            weighted_shares)
+from hetgpt.costs import counts, flops_per_sequence
+from hetgpt.hardware import GPUS, HOST_BW, HOST_THREAD_BW, UNKNOWN_GPU, peak_flops
+from hetgpt.memory import optimizer_state, sharded
+
+# Guesses that a probe step replaces; each is what the dry run assumes.
+EFFICIENCY = 0.5       # matmul FLOPs / dense peak: nanoGPT ~0.4-0.5 MFU on A100, Megatron-LM ~0.5
+LINK_EFFICIENCY = 0.7  # NCCL bus bandwidth / link's nominal (nccl-tests: ~230 of 300 GB/s, NVLink)
+NIC_EFFICIENCY = 0.93  # NCCL bus bandwidth / NIC line rate: 46-48 of 50 GB/s per NDR 400 Gb/s NIC
+                       # (NVIDIA on nccl-tests#290 and #267)
+COLLECTIVE_S = 50e-6   # one NCCL collective's start-up: a 4-byte all-reduce over 2 nodes of 8 GPUs
+                       # takes 47 us (nccl#1244); it bounds what small messages cost
+PCIE_EFFICIENCY = 0.7  # pinned copies / PCIe nominal (A100 H2D 25 of 31.5, H100 35-53 of 63 GB/s)
+HBM_EFFICIENCY = 0.7   # fused AdamW's streaming / HBM peak
+HOST_ADAM_BW = 100e9   # bytes/s per node of the CPU's optimizer step where nothing says (a guess)
+LAUNCH_S = 1e-4        # seconds per layer per micro-batch (forward + backward kernel launches)
+FSDP_GROUP_S = 2e-4    # seconds per FSDP group per micro-batch: hooks, copy-in/copy-out
+CPU_FLOPS = 1e11       # FLOP/s of a CPU rank when not measured (2 AVX-512 cores, float32)
+CPU_COMM_BW = 2e9      # gloo over loopback
+DDP_BUCKET = 25 * 2**20  # bytes per all-reduce: DDP's default bucket_cap_mb
+
+
+def _dev(rank):
+    return GPUS.get(rank.get('gpu')) or UNKNOWN_GPU
+
+
+def peak(rank, dtype):
+    return peak_flops(rank['gpu'], dtype) if rank['device'] == 'cuda' else None
+
+
+def rate(rank):  # FLOP/s of a rank computing in its r['dtype']
+    return CPU_FLOPS if rank['device'] == 'cpu' else \
+        (peak(rank, rank['dtype']) or _dev(rank)['bf16'] * 1e12) * EFFICIENCY
+
+
+def launches(cfg, shard):  # c0: a micro-batch's seconds whatever its size (FSDP: its hooks too)
+    return cfg.n_layer * LAUNCH_S + ((cfg.n_layer + 1) * FSDP_GROUP_S if shard else 0.0)
+
+
+def bandwidth(ranks, inter_node_bw):
+    # NCCL's bus bandwidth (nccl-tests' busbw) for these ranks, bytes/s: an all-gather or a
+    # reduce-scatter of S bytes over N ranks takes (N-1)/N S / busbw, an all-reduce twice that.
+    # Inside a node: the GPUs' link (NVLink; PCIe between unlike GPUs). Between nodes NCCL runs
+    # its rings (channels) through all of a node's NICs at once, so a node's boundary carries the
+    # sum of its NICs: each GPU's share 'net' (or inter_node_bw), summed over the node's GPUs,
+    # the slowest node bounding (NVIDIA on nccl-tests#267: all-to-all alone is held to one NIC).
+    # NCCL's trees (all-reduce across many nodes) reach the same busbw: they save latency only.
+    # gloo for CPU ranks.
+    if any(r['device'] == 'cpu' for r in ranks):
+        return CPU_COMM_BW
+    kinds = {r['gpu'] for r in ranks}
+    intra = _dev(ranks[0])['p2p'] if len(kinds) == 1 else min(_dev(r)['host'] for r in ranks)
+    intra = LINK_EFFICIENCY * intra * 1e9
+    nics = Counter()
+    for r in ranks:
+        nics[r['node']] += inter_node_bw or _dev(r)['net'] * 1e9
+    return intra if len(nics) == 1 else min(intra, NIC_EFFICIENCY * min(nics.values()))
+
+
+def host_bw(ranks):
+    # Bytes/s per node of the optimizer's step on its host CPU (offload; a CPU rank's step): what
+    # its GPU ranks measured at start-up, each its own step, all at once (hardware.this_rank),
+    # summed; in a dry run, its ranks' threads (one each under torchrun) or its reference
+    # system's memory, the lesser (hardware.HOST_BW); else HOST_ADAM_BW.
+    bw, nodes = Counter(), Counter(r['node'] for r in ranks)
+    for r in ranks:
+        bw[r['node']] += r.get('host_bw') or 0
+    for r in ranks:
+        if not bw[r['node']]:
+            known = HOST_BW.get(r['gpu']) if r['device'] == 'cuda' else None
+            bw[r['node']] = min(nodes[r['node']] * HOST_THREAD_BW, known) * 1e9 if known \
+                else HOST_ADAM_BW
+    return bw
+
+
+def all_reduce(n, R, ring, bw):
+    # DDP's all-reduce of the fp32 grads (ring: 2(N-1)/N of them), in buckets of 25 MiB (DDP's
+    # bucket_cap_mb), a collective each
+    buckets = math.ceil(4 * n['total'] / DDP_BUCKET) if R > 1 else 0
+    return 2 * ring * 4 * n['total'] / bw + buckets * COLLECTIVE_S
+
+
+def _comm(f, n, R, ring, bw, cb, ranks, per_node, accumulate, mine):
+    # FSDP2 per micro-batch: all-gather of 16-bit weights (forward, and again for backward when
+    # resharded) and a reduce-scatter of fp32 grads, each (N-1)/N of the model; under offload
+    # the fp32 shards cross PCIe to the device before each all-gather and the grads back (one
+    # rank too: no ring, the same copies). Offloaded and reduced after each micro-batch, every
+    # micro-batch but the first adds its gradients to the host's: FSDP2 then copies them back
+    # synchronously (its add on the host needs them) and adds on the CPU (read 2, write 1 fp32 per
+    # parameter): not overlapped. Returns the seconds of (gathers, reduce, host add).
+    # Each of the model's FSDP groups (a block each, and the root) starts its own collectives.
+    gathers = 2 if f['reshard_after_forward'] else 1
+    pcie = min(_dev(r)['host'] for r in ranks) * 1e9 * PCIE_EFFICIENCY
+    start = COLLECTIVE_S * (n['layers'] + 1) if R > 1 else 0.0
+    gather = gathers * (ring * cb * n['total'] / bw + start) + \
+        (gathers * 4 * mine / pcie if f['offload'] else 0)
+    reduce = ring * 4 * n['total'] / bw + start + (4 * mine / pcie if f['offload'] else 0)
+    host_add = 0.0
+    if f['offload'] and not accumulate:
+        host = host_bw(ranks)
+        host_add = 4 * mine / pcie + max(12 * mine * k / host[node] for node, k in per_node.items())
+    return gather, reduce, host_add
+
+
+def step(cfg, batch, ranks, f, caps, ac, accumulate, weights=None, inter_node_bw=None):
+    # A step of strategy f (memory.flags) on these ranks at their micro-batch caps, each rank
+    # computing in its r['dtype'] and checkpointing its blocks or not (ac): the batch split by
+    # speed (balance.py; by weights if given), each rank's micro-batches as runs of equal sizes
+    # (balance.runs: at most two), timed in closed form. Returns (seconds, shares, runs).
+    R, n = len(ranks), counts(cfg)
+    per_node = Counter(r['node'] for r in ranks)
+    # Compute: FLOPs at peak × EFFICIENCY per sequence, plus launches per micro-batch.
+    c0 = [launches(cfg, f['shard'])] * R
+    c1 = [flops_per_sequence(cfg, a) / rate(r) for r, a in zip(ranks, ac)]
+    mine = n['total'] if not f['shard'] else \
+        sharded(n['block_shapes'], R) * cfg.n_layer + sharded(n['root_shapes'], R)
+    # Optimizer step: fused AdamW, memory bound, on the device; on the host under offload (or for
+    # CPU ranks), where the ranks of a node share its memory bandwidth. It streams p, g and its
+    # state in, p and the state out; clipping reads g.
+    on_host = lambda r: f['offload'] or r['device'] == 'cpu'
+    step_bytes = 16 * mine + 2 * optimizer_state(cfg, R, f['shard'])
+    host = host_bw(ranks)
+    opt = [step_bytes * (per_node[r['node']] / host[r['node']] if on_host(r)
+                         else 1 / (_dev(r)['hbm'] * 1e9 * HBM_EFFICIENCY)) for r in ranks]
+    bw, ring = bandwidth(ranks, inter_node_bw), (R - 1) / R
+    cb = 4 if ranks[0]['dtype'] == 'float32' else 2  # (FSDP's gathers: one dtype)
+    if not f['shard']:
+        # DDP: each rank alone, then the all-reduce of the fp32 grads (all_reduce), overlapped
+        # with the backward (2/3) of the slowest rank's last micro-batch.
+        share = weighted_shares(batch, weights) if weights else \
+            split_shares(batch, caps, c0, c1, fixed=opt)
+        rs = [runs(x, m) for x, m in zip(share, caps)]
+        busy = [sum(k * (a + c * max(m, 1)) for m, k in r) + o
+                for a, c, r, o in zip(c0, c1, rs, opt)]
+        slow = max(range(R), key=busy.__getitem__)
+        last = c0[slow] + c1[slow] * max(rs[slow][-1][0], 1)
+        return busy[slow] + max(0.0, all_reduce(n, R, ring, bw) - 2 / 3 * last), share, rs
+    gather, reduce, host_add = _comm(f, n, R, ring, bw, cb, ranks, per_node, accumulate, mine)
+    # FSDP: the same count K of micro-batches on every rank; each waits for the slowest rank's
+    # piece, and prefetching overlaps the collectives with compute. K is tried from the fewest up
+    # while the caps still bind the split: every K for a batch of up to balance.EXACT sequences;
+    # above, one by one up to 8, then by quarters (a bounded number of tries, where a large batch
+    # would try every count while a rank is full).
+    best, K = None, math.ceil(batch / sum(caps))
+    while K <= batch:
+        share = weighted_shares(batch, weights) if weights else \
+            split_shares(batch, caps, c0, c1, count=K)
+        K = lockstep_count(share, caps) if weights else K
+        rs = [runs(x, m, K) for x, m in zip(share, caps)]
+        segments = lockstep_segments(rs, c0, c1)
+        t = sum(k * max(gather + (0.0 if accumulate else reduce), c) for k, c in segments)
+        if accumulate:  # (the last micro-batch reduces)
+            t += max(gather + reduce, segments[-1][1]) - max(gather, segments[-1][1])
+        t += host_add * (K - 1)
+        if best is None or t + max(opt) < best[0]:
+            best = (t + max(opt), share, rs)
+        if weights or all(x < K * m for x, m in zip(share, caps)):
+            break  # no rank is full: more micro-batches only cost
+        K += 1 if batch <= EXACT else max(1, K // 4)
+    seconds, share, rs = best
+    # the root group (tied embeddings) is gathered before anything can run and reduced after
+    # everything has: its collectives are exposed
+    return seconds + (ring * (cb + 4) * n['root'] / bw if R > 1 else 0.0), share, rs
