@@ -20,12 +20,12 @@ from collections import Counter
 from configurator import configure, defaults_of, model_defaults, rules_of
 from hetgpt import shape
 from hetgpt.errors import die
-from hetgpt.hardware import GPUS, native_dtype, peak_flops
+from hetgpt.gpus import GPUS, peak_flops
+from hetgpt.ladder import DTYPES, STRATEGIES
 from hetgpt.metrics import duration
-from hetgpt.planner import DTYPES, GiB, STRATEGIES, batch_of, make_plan
-from model import config_from
 
 DEFAULT_GPUS = '1xH200'
+GiB = 2**30
 TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train.py')
 KNOBS = (*model_defaults(), 'batch_size', 'gradient_accumulation_steps', 'micro_batch_size',
          'memory_fraction', 'max_iters')  # (the model's: GPTConfig's fields)
@@ -133,8 +133,12 @@ def main(argv=None):
     shape.check(config)
     ranks = _cluster(DEFAULT_GPUS if args.gpus is None else args.gpus, args.nodes, args.host_mem)
     # nanoGPT's configs: gradient_accumulation_steps > 0 makes batch_size the micro-batch
-    batch, micro = batch_of(config['batch_size'], config['gradient_accumulation_steps'],
-                            config['micro_batch_size'])
+    batch, micro = shape.batch_of(config['batch_size'], config['gradient_accumulation_steps'],
+                                  config['micro_batch_size'])
+    # the knobs and GPUs hold: now the planner, and torch under it (a mistake above is one line
+    # in a tenth of a second, without it)
+    from hetgpt.planner import make_plan
+    from model import config_from
     planned = lambda ranks, dtype=args.dtype: make_plan(
         config_from(config), batch, ranks, plan=args.plan, micro_batch_size=micro,
         memory_fraction=config['memory_fraction'], dtype=dtype,
@@ -170,6 +174,7 @@ def choices(p, ranks, dtype, planned):
             yield f"the {n} × {kind} add {adds} tokens/s" + (
                 f"; leave them out: {q.tokens_per_sec / p.tokens_per_sec - 1:+.1%}"
                 if q.fits and q.tokens_per_sec > p.tokens_per_sec else '')
+    from hetgpt.hardware import native_dtype  # (torch, as make_plan already has it)
     rates = lambda dtypes: [peak_flops(r['gpu'], d) for r, d in zip(p.ranks, dtypes)]
     for other in ('auto', 'bfloat16', 'float16'):  # (float32: slower on every GPU of the table)
         own = [native_dtype(r['device'], r['gpu']) if other == 'auto' else other

@@ -14,23 +14,11 @@ import time
 from dataclasses import replace
 
 from configurator import answer_help, configure, is_knob, model_defaults
-from hetgpt import signals
+from hetgpt import shape, signals
 from hetgpt.errors import die
+from hetgpt.ladder import STRATEGIES
 answer_help(__file__, model=True)  # --help: the knobs below and GPTConfig's
 signals.starting()  # a stop before training (imports included): one line
-# GPU memory in pages any tensor can reuse, as the planner budgets it
-os.environ.setdefault('PYTORCH_CUDA_ALLOC_CONF', 'expandable_segments:True')
-
-import numpy as np
-import torch
-import torch.distributed as dist
-
-from hetgpt import (ckpt, corpus, costs, group, hardware, hf, membership,
-                    metrics, optim, parallel, planner, probe, rundir, shape)
-from hetgpt.balance import Speed, balance_weights
-from hetgpt.group import gather
-from model import GPT, config_from, make_optimizer
-hardware.return_freed_host_memory()  # host RSS follows live tensors
 
 # -----------------------------------------------------------------------------
 # I/O
@@ -91,7 +79,7 @@ stall_timeout = 300    # seconds without progress before ranks give up; 0: never
 # plan.py reads it too). Upper bounds catch slips only, like an extra zero.
 RULES = {
     **shape.RULES,  # the model's shape (a checkpoint's is checked too)
-    # the batch: each up to planner.MAX_BATCH = 2**24 (and their product)
+    # the batch: each up to shape.MAX_BATCH = 2**24 (and their product)
     'batch_size': '[1, 16777216]', 'micro_batch_size': '[0, 16777216]',
     'gradient_accumulation_steps': '[0, 16777216]',
     'out_dir': '.+', 'dataset': '.+',
@@ -109,7 +97,7 @@ RULES = {
     'seed': '[0, 1e18]',  # (+ 1,000,003 × iter_num: within 64 bits)
     'device': 'auto|cpu|cuda(:[0-9]+)?',
     'dtype': 'auto|(float32|bfloat16|float16)(,(float32|bfloat16|float16))*',
-    'plan': '|'.join(map(re.escape, ('auto',) + planner.STRATEGIES)),
+    'plan': '|'.join(map(re.escape, ('auto',) + STRATEGIES)),
     'memory_fraction': '(0, 1]', 'init_device': 'auto|cpu|meta',
     'balance': r'auto|even|[0-9.,]+', 'rebalance_interval': '[1, 1e9]',
     'stall_timeout': '[0, 1e7]'}  # (seconds: 1e7 is 16 weeks)
@@ -118,24 +106,39 @@ defaults = {**model_defaults(),  # (a field not set above: model.py's default)
 config = configure(defaults, rules=RULES)
 shape.check(config)  # (and n_embd divisible by n_head)
 globals().update(config)
-batch_size, micro_batch_size = planner.batch_of(  # (nanoGPT's configs)
+batch_size, micro_batch_size = shape.batch_of(  # (nanoGPT's configs)
     batch_size, gradient_accumulation_steps, micro_batch_size)
 if decay_lr and min_lr > learning_rate:
     die(f"min_lr={min_lr} is above learning_rate={learning_rate}: "
         f"lower min_lr")
+world_size = int(os.environ.get('WORLD_SIZE', 1))  # set by torchrun
+rank = int(os.environ.get('RANK', 0))
+local_rank = int(os.environ.get('LOCAL_RANK', 0))
+local_world = int(os.environ.get('LOCAL_WORLD_SIZE', 1))
+weights = shape.balance_weights(balance, world_size)  # None: by speed
+if batch_size < world_size:
+    die(f"batch_size={batch_size} cannot feed {world_size} ranks: "
+        f"raise it or use fewer ranks")
+
+# The knobs hold: now torch (a mistake above is one line in a tenth of a
+# second, without it). GPU memory in pages any tensor can reuse, as the
+# planner budgets it.
+os.environ.setdefault('PYTORCH_CUDA_ALLOC_CONF', 'expandable_segments:True')
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from hetgpt import (ckpt, corpus, costs, gpus, group, hardware, hf, membership,
+                    metrics, optim, parallel, planner, probe, rundir)
+from hetgpt.balance import Speed
+from hetgpt.group import gather
+from model import GPT, config_from, make_optimizer
+hardware.return_freed_host_memory()  # host RSS follows live tensors
 # nanoGPT's character-level data (meta.pkl) sets vocab_size, if not given
 dataset_meta = corpus.dataset_vocab(os.path.join('data', dataset))
 if (dataset_meta and vocab_size == defaults['vocab_size']
         and not init_from.startswith('gpt2')):
     vocab_size = config['vocab_size'] = dataset_meta['vocab_size']
-world_size = int(os.environ.get('WORLD_SIZE', 1))  # set by torchrun
-rank = int(os.environ.get('RANK', 0))
-local_rank = int(os.environ.get('LOCAL_RANK', 0))
-local_world = int(os.environ.get('LOCAL_WORLD_SIZE', 1))
-weights = balance_weights(balance, world_size)  # None: by measured speed
-if batch_size < world_size:
-    die(f"batch_size={batch_size} cannot feed {world_size} ranks: "
-        f"raise it or use fewer ranks")
 # out_dir writable, locked, not another run's; the checkpoint to resume
 resume_from, saved = rundir.claim(config, rank)
 
@@ -288,7 +291,7 @@ first = {'iter': iter_num, **run_plan.record(probed)}
 record = lambda row: None
 if master:
     record = metrics.Metrics(out_dir, iter_num, first, wandb_init)
-peaks = [hardware.peak_flops(r['gpu'], d)  # None: CPU
+peaks = [gpus.peak_flops(r['gpu'], d)  # None: CPU
          for r, d in zip(ranks, run_plan.dtypes)]
 trained_args = replace(model_args, block_size=block_size)
 tokens_per_step = batch_size * block_size

@@ -49,7 +49,7 @@ from dataclasses import fields
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, 'bench')]
 from hetgpt import costs  # noqa: E402
-from hetgpt import hardware  # noqa: E402
+from hetgpt import gpus, hardware  # noqa: E402
 from hetgpt import memory  # noqa: E402
 from hetgpt import planner  # noqa: E402  (no CUDA is touched here: the runs own the GPU)
 from configurator import configure  # noqa: E402
@@ -329,7 +329,7 @@ def main(argv=None):
     host, host_from = (stated, 'stated (HETGPT_HOST_MEM_GIB), and the runs plan with it') if stated else (
         meminfo('MemTotal'), 'MemTotal (HETGPT_HOST_MEM_GIB unset: the runs plan with MemAvailable)')
     name, mib, driver = (None, None, None) if c.dry else gpu_facts()
-    gpu = hardware.gpu_key(name) or 'H200'
+    gpu = gpus.gpu_key(name) or 'H200'
     if c.wanted('offload') or c.wanted('largest'):
         c.plan_ahead(gpu, host)
     import torch

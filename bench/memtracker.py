@@ -44,7 +44,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import model as network  # noqa: E402
 from hetgpt import costs, hardware  # noqa: E402
-from hetgpt import memory, planner  # noqa: E402
+from hetgpt import ladder, memory, planner  # noqa: E402
 import plan  # noqa: E402
 from configurator import configure, defaults_of  # noqa: E402
 from model import GPT, config_from  # noqa: E402
@@ -113,7 +113,7 @@ def fake_model(cfg):
 def track(cfg, strategy, micro_batch, accum, mesh):
     # A training step on fake tensors under the tracker: its peak and the breakdown there, and
     # the phase in which the peak was reached.
-    f = memory.flags(strategy)
+    f = ladder.flags(strategy)
     with FakeTensorMode():
         model = fake_model(cfg)
         if f['ac']:  # as train.py: non-reentrant checkpointing of each block

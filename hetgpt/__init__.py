@@ -7,8 +7,10 @@ one idea per module, none of them importing train.py.
   clock       the step-time model: a step's seconds on given ranks
   decision    the plan as train.py applies it (Plan), and its table
   costs       bytes, FLOPs and optimizer state, measured from model.py as built
-  shape       the model's shape: its rules, and the one check (configs and checkpoints)
-  hardware    the GPU table, the devices at hand and their memory
+  shape       the model's shape and the batch: their rules, and the one check (no torch)
+  ladder      the strategies, cheapest first, and what each turns on (no torch)
+  gpus        the GPU table: memory, FLOPS and bandwidths with their sources (no torch)
+  hardware    the devices at hand and their memory
   balance     the uneven split of the batch, and the timing that rebalances it
   ckpt        checkpoints: save, load, and the one reader of a checkpoint's bytes
   hf          GPT-2 weights from and to Hugging Face

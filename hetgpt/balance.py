@@ -11,7 +11,6 @@ with measured ones, through the same functions.
 import heapq
 import itertools
 import math
-import re
 import struct
 import time
 from contextlib import contextmanager
@@ -19,7 +18,6 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from hetgpt.errors import die
 from hetgpt.group import gather
 
 # Batches of up to EXACT sequences are split by the searches that place one sequence at a time
@@ -292,17 +290,6 @@ def rebalance(sizes, caps, c0, c1, times, lockstep, gain=0.03):
     if step_time(new, c0, c1, lockstep) < (1 - gain) * step_time(sizes, c0, c1, lockstep):
         return new, c1
     return sizes, c1
-
-
-def balance_weights(balance, world_size):
-    # train.py's balance knob: 'auto' (None: by measured speed), 'even', or one weight per rank
-    if balance in ('auto', 'even'):
-        return None if balance == 'auto' else [1.0] * world_size
-    weights = [float(w) for w in balance.split(',') if re.fullmatch(r'\d+(\.\d*)?', w)]
-    if not len(weights) == len(balance.split(',')) == world_size or min(weights) <= 0:
-        die(f"balance={balance!r}: give auto, even, or {world_size} positive weights like "
-            + ','.join(['1'] * world_size))
-    return weights
 
 
 class Speed:

@@ -1,6 +1,6 @@
 """
 The step-time model: the seconds of a training step on given ranks, predicted before any of them
-runs, from the devices' datasheets (hardware.GPUS) and the model's FLOPs (hetgpt/costs.py): each
+runs, from the devices' datasheets (hetgpt/gpus.py) and the model's FLOPs (hetgpt/costs.py): each
 rank's compute (c0 seconds per micro-batch, c1 per sequence: what hetgpt/balance.py splits by), the
 optimizer step, and the collectives (NCCL's rings, gloo), overlapped as DDP and FSDP2 overlap them.
 The planner times each strategy with it; train.py then measures each rank's compute (balance.Speed)
@@ -12,7 +12,7 @@ from collections import Counter
 from hetgpt.balance import (EXACT, lockstep_count, lockstep_segments, runs, split_shares,
                             weighted_shares)
 from hetgpt.costs import counts, flops_per_sequence
-from hetgpt.hardware import GPUS, HOST_BW, HOST_THREAD_BW, UNKNOWN_GPU, peak_flops
+from hetgpt.gpus import GPUS, HOST_BW, HOST_THREAD_BW, UNKNOWN_GPU, peak_flops
 from hetgpt.memory import optimizer_state, sharded
 
 # Guesses that a probe step replaces; each is what the dry run assumes.
@@ -73,7 +73,7 @@ def host_bw(ranks):
     # Bytes/s per node of the optimizer's step on its host CPU (offload; a CPU rank's step): what
     # its GPU ranks measured at start-up, each its own step, all at once (hardware.this_rank),
     # summed; in a dry run, its ranks' threads (one each under torchrun) or its reference
-    # system's memory, the lesser (hardware.HOST_BW); else HOST_ADAM_BW.
+    # system's memory, the lesser (gpus.HOST_BW); else HOST_ADAM_BW.
     bw, nodes = Counter(), Counter(r['node'] for r in ranks)
     for r in ranks:
         bw[r['node']] += r.get('host_bw') or 0
@@ -115,7 +115,7 @@ def _comm(f, n, R, ring, bw, cb, ranks, per_node, accumulate, mine):
 
 
 def step(cfg, batch, ranks, f, caps, ac, accumulate, weights=None, inter_node_bw=None):
-    # A step of strategy f (memory.flags) on these ranks at their micro-batch caps, each rank
+    # A step of strategy f (ladder.flags) on these ranks at their micro-batch caps, each rank
     # computing in its r['dtype'] and checkpointing its blocks or not (ac): the batch split by
     # speed (balance.py; by weights if given), each rank's micro-batches as runs of equal sizes
     # (balance.runs: at most two), timed in closed form. Returns (seconds, shares, runs).

@@ -11,6 +11,7 @@ import math
 
 from hetgpt import costs
 from hetgpt.costs import activation_bytes, counts, optimizer_state_bytes
+from hetgpt.ladder import flags
 from model import LOSS_CHUNK
 
 GiB = 2**30
@@ -28,12 +29,6 @@ ALLOC_SLACK = 0.05     # a CPU rank: malloc's arenas and fragmentation, of what 
 # to 512 bytes: under 2 MB for the 4,000 tensors of a 96-layer model's states, left out).
 ALLOC_PAGES = (20 + 2) * 2**20
 ALLOC_STREAMS = {False: 1, True: 4}  # by whether the strategy shards (FSDP2)
-
-
-def flags(strategy):  # what a strategy's name (planner.STRATEGIES) turns on
-    shard = strategy.startswith('fsdp')
-    return dict(ac='+ac' in strategy, shard=shard, offload='offload' in strategy,
-                reshard_after_forward=shard and strategy != 'fsdp-noreshard')
 
 
 # -----------------------------------------------------------------------------

@@ -17,26 +17,14 @@ from hetgpt.balance import lockstep_count, pieces, split, weighted
 from hetgpt.costs import counts, flops_per_sequence, optimizer_updates_shards_alone
 from hetgpt.decision import Plan
 from hetgpt.errors import die
-from hetgpt.hardware import GPUS, native_dtype
-from hetgpt.memory import CPU_OVERHEAD, GPU_OVERHEAD, GiB, estimate, flags
-
-# The rungs, cheapest first: each saves memory the one before it holds, at a cost in time.
-DTYPES = ('bfloat16', 'float16', 'float32')  # (dtype=auto under FSDP: tried in this order)
-STRATEGIES = ('ddp', 'ddp+ac', 'fsdp-noreshard', 'fsdp', 'fsdp+ac', 'fsdp+offload',
-              'fsdp+ac+offload')
+from hetgpt.gpus import GPUS
+from hetgpt.hardware import native_dtype
+from hetgpt.ladder import DTYPES, STRATEGIES, flags
+from hetgpt.memory import CPU_OVERHEAD, GPU_OVERHEAD, GiB, estimate
 
 # Of a host's memory (a CPU rank's, a node's), what the planner fills: the rest is the kernel's
 # and the page cache's, which no process counts (a guess)
 HOST_FRACTION = 0.9
-
-
-# The largest global batch, MAX_BATCH = 2**24 = 16.8M sequences (train.py's RULES bound the batch
-# knobs by it): 16 times a 1M-token batch at one token per sequence (GPT-3 175B: 1,536 × 2,048
-# tokens; Llama 3 405B: 16M tokens in 2,048 sequences), and the bound of the planner's work: its
-# splits of a batch above balance.EXACT take time that does not grow with the batch, but train.py
-# iterates over the micro-batches of each step, and the plan lists them (one int each, per rank;
-# at most MAX_BATCH in all).
-MAX_BATCH = 2**24
 
 
 def _normalise(ranks, fraction):
@@ -234,23 +222,6 @@ def _advice(cfg, batch, ranks, plan, tried, mbs, inter_node_bw, results):
                 ways.append(f"block_size <= {sizes[lo]} ({s})")
     text = f"{why}." + (" Would fit with: " + '; or '.join(ways) + '.' if ways else '')
     return text, needs
-
-
-def batch_of(batch_size, gradient_accumulation_steps=0, micro_batch_size=0):
-    # (global batch, micro-batch) of a config. hetgpt's batch_size is the global batch. A config
-    # that sets gradient_accumulation_steps > 0 speaks nanoGPT: batch_size is then the micro-batch
-    # and the global batch batch_size × gradient_accumulation_steps, whatever the world size.
-    # A global batch above MAX_BATCH is a mistake: one line (train.py and plan.py call this right
-    # after reading the knobs, before any work).
-    if gradient_accumulation_steps > 0:
-        batch, micro = batch_size * gradient_accumulation_steps, micro_batch_size or batch_size
-        if batch > MAX_BATCH:
-            die(f"gradient_accumulation_steps={gradient_accumulation_steps}: the global batch "
-                f"batch_size × gradient_accumulation_steps = {batch_size} × "
-                f"{gradient_accumulation_steps} = {batch:,} sequences is above {MAX_BATCH:,} "
-                f"(2**24); nanoGPT's meaning: batch_size is the micro-batch")
-        return batch, micro
-    return batch_size, micro_batch_size
 
 
 def make_plan(cfg, batch_size, ranks, plan='auto', micro_batch_size=0,

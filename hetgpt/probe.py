@@ -6,6 +6,7 @@ all probe again.
 import torch
 
 from hetgpt import hardware, planner
+from hetgpt.ladder import STRATEGIES
 from hetgpt.errors import die
 from hetgpt.group import gather
 
@@ -29,7 +30,7 @@ def after_oom(caps, peaks, strategy):
     # The probe step ran out of memory (peak None) on some ranks: they halve their micro-batch. At
     # one sequence there is nothing to halve: the next rung is the way.
     if any(peak is None and cap == 1 for peak, cap in zip(peaks, caps)):
-        rungs = planner.STRATEGIES[planner.STRATEGIES.index(strategy) + 1:]
+        rungs = STRATEGIES[STRATEGIES.index(strategy) + 1:]
         die(f"out of memory at micro-batch 1 under plan {strategy}: try "
             f"{'plan=' + rungs[0] if rungs else 'more GPUs or a shorter block_size'}")
     return [cap if peak else max(1, cap // 2) for peak, cap in zip(peaks, caps)]

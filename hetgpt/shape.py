@@ -1,9 +1,12 @@
 """
 The model's shape (model.GPTConfig's fields): what each may be, and the one check of a shape,
-whether a config's knobs (train.py, plan.py) or a checkpoint's model_args (untrusted input).
+whether a config's knobs (train.py, plan.py) or a checkpoint's model_args (untrusted input); and
+the batch knobs' meaning and bound.
 GPTConfig's fields are read from model.py's source (configurator): no torch, so that train.py and
 plan.py answer a mistake before they import it.
 """
+import re
+
 from configurator import model_defaults, model_types, rule_fault
 from hetgpt.errors import die
 
@@ -46,3 +49,40 @@ def check(config):
     bad = fault(config)
     if bad:
         die(bad)
+
+
+# The largest global batch, MAX_BATCH = 2**24 = 16.8M sequences (train.py's RULES bound the batch
+# knobs by it): 16 times a 1M-token batch at one token per sequence (GPT-3 175B: 1,536 × 2,048
+# tokens; Llama 3 405B: 16M tokens in 2,048 sequences), and the bound of the planner's work: its
+# splits of a batch above balance.EXACT take time that does not grow with the batch, but train.py
+# iterates over the micro-batches of each step, and the plan lists them (one int each, per rank;
+# at most MAX_BATCH in all).
+MAX_BATCH = 2**24
+
+
+def batch_of(batch_size, gradient_accumulation_steps=0, micro_batch_size=0):
+    # (global batch, micro-batch) of a config. hetgpt's batch_size is the global batch. A config
+    # that sets gradient_accumulation_steps > 0 speaks nanoGPT: batch_size is then the micro-batch
+    # and the global batch batch_size × gradient_accumulation_steps, whatever the world size.
+    # A global batch above MAX_BATCH is a mistake: one line (train.py and plan.py call this right
+    # after reading the knobs, before any work).
+    if gradient_accumulation_steps > 0:
+        batch, micro = batch_size * gradient_accumulation_steps, micro_batch_size or batch_size
+        if batch > MAX_BATCH:
+            die(f"gradient_accumulation_steps={gradient_accumulation_steps}: the global batch "
+                f"batch_size × gradient_accumulation_steps = {batch_size} × "
+                f"{gradient_accumulation_steps} = {batch:,} sequences is above {MAX_BATCH:,} "
+                f"(2**24); nanoGPT's meaning: batch_size is the micro-batch")
+        return batch, micro
+    return batch_size, micro_batch_size
+
+
+def balance_weights(balance, world_size):
+    # train.py's balance knob: 'auto' (None: by measured speed), 'even', or one weight per rank
+    if balance in ('auto', 'even'):
+        return None if balance == 'auto' else [1.0] * world_size
+    weights = [float(w) for w in balance.split(',') if re.fullmatch(r'\d+(\.\d*)?', w)]
+    if not len(weights) == len(balance.split(',')) == world_size or min(weights) <= 0:
+        die(f"balance={balance!r}: give auto, even, or {world_size} positive weights like "
+            + ','.join(['1'] * world_size))
+    return weights

@@ -2,22 +2,20 @@
 Issue 23 (item 3): planning takes bounded time whatever the global batch, and every knob has an
 upper bound where a larger value can only be a slip. A hang shows here as a subprocess timeout.
 """
-import ast
 import heapq
 import json
 import os
 import random
-import re
 import subprocess
 import sys
 
 import pytest
 
 import trainer
-from trainer import ROOT, TINY, run_train
+from trainer import ROOT, TINY, run_train, train_defaults, train_rules
 from hetgpt import balance
 import configurator
-from hetgpt import planner, shape
+from hetgpt import shape
 import plan
 
 PLAN = [sys.executable, os.path.join(ROOT, 'plan.py')]
@@ -57,7 +55,7 @@ def test_train_refuses_a_billion_accumulation_steps_before_any_work(tmp_path):
 LARGEST = f"""
 import json, runpy, sys
 import plan
-from hetgpt import planner
+from hetgpt import planner, shape
 from model import config_from
 out = []
 for name, gpus, host in {[('gpt_tiny', '2xcpu', 16),
@@ -65,7 +63,7 @@ for name, gpus, host in {[('gpt_tiny', '2xcpu', 16),
                           ('gpt_175b', '1xH200', None)]}:
     d = runpy.run_path(f'configs/{{name}}.py')
     cfg = config_from({{k: v for k, v in d.items() if not k.startswith('_')}})
-    p = planner.make_plan(cfg, planner.MAX_BATCH, plan._cluster(gpus, 0, host))
+    p = planner.make_plan(cfg, shape.MAX_BATCH, plan._cluster(gpus, 0, host))
     out.append(dict(name=name, fits=p.fits, shard=p.shard, share=p.share, cap=p.caps,
                     total=sum(map(sum, p.sizes)), sums=list(map(sum, p.sizes)),
                     largest=[max(m) for m in p.sizes], counts=p.accum))
@@ -80,7 +78,7 @@ def test_the_largest_batch_allowed_plans_and_its_micro_batches_sum_to_it():
                        timeout=60, env=dict(os.environ, PYTHONPATH=ROOT))
     assert p.returncode == 0, p.stderr[-3000:]
     for r in json.loads(p.stdout.splitlines()[-1]):
-        assert r['fits'] and r['total'] == planner.MAX_BATCH == sum(r['share']), r['name']
+        assert r['fits'] and r['total'] == shape.MAX_BATCH == sum(r['share']), r['name']
         assert r['sums'] == r['share'] and all(b <= c for b, c in zip(r['largest'], r['cap']))
         if r['shard']:
             assert len(set(r['counts'])) == 1, r  # lockstep: as many on every rank
@@ -105,21 +103,6 @@ def test_the_175b_dry_run_completes_at_its_batch_and_at_the_largest():
 
 # -----------------------------------------------------------------------------
 # The knob tables
-def train_rules():
-    tree = ast.parse(open(os.path.join(ROOT, 'train.py')).read())
-    node = next(n for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == 'RULES')
-    return eval(compile(ast.Expression(node.value), 'train.py', 'eval'),
-                {'re': re, 'planner': planner, 'shape': shape})
-
-
-def train_defaults():
-    tree = ast.parse(open(os.path.join(ROOT, 'train.py')).read())
-    return {n.targets[0].id: n.value.value for n in tree.body
-            if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name)
-            and isinstance(n.value, ast.Constant)
-            and configurator.is_knob(n.targets[0].id, n.value.value)}
-
-
 def test_plan_and_train_check_the_shape_and_batch_from_one_table(capsys):
     rules = train_rules()
     assert {k: rules[k] for k in shape.RULES} == shape.RULES
@@ -146,8 +129,8 @@ def test_upper_bounds_refuse_one_past_them_and_no_real_run(capsys):
             '--max_iters=10000000', '--lr_decay_iters=10000000', '--warmup_iters=100000',
             '--eval_interval=1000000', '--checkpoint_interval=1000000', '--stall_timeout=86400']
     config = configurator.configure(defaults, real, rules=rules)
-    assert planner.batch_of(config['batch_size']) == (1472, 0)
-    assert planner.batch_of(16, 65536) == (2**20, 16)  # nanoGPT's: 1M sequences
+    assert shape.batch_of(config['batch_size']) == (1472, 0)
+    assert shape.batch_of(16, 65536) == (2**20, 16)  # nanoGPT's: 1M sequences
 
 
 # -----------------------------------------------------------------------------

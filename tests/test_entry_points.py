@@ -215,3 +215,38 @@ def test_plan_reads_gradient_accumulation_as_nanogpt(tmp_path, capsys):
     config.write_text('batch_size = 12\nn_layer = 2\nn_head = 2\nn_embd = 64\nblock_size = 128\n')
     assert plan.main([str(config), '--gpus', '2xA100-80GB']) == 0
     assert 'batch 12 × 128 tokens' in capsys.readouterr().out
+
+
+# A fresh interpreter runs the script as its command line does, then says whether torch was loaded
+# by the time the script exited.
+BEFORE_TORCH = """
+import runpy, sys
+sys.argv = sys.argv[1:]
+try:
+    runpy.run_path(sys.argv[0], run_name='__main__')
+finally:
+    print('torch loaded' if 'torch' in sys.modules else 'no torch')
+"""
+
+
+@pytest.mark.parametrize('script, args, says', [
+    ('train.py', ['configs/gpt_tiny.py', '--n_layer=0'], 'n_layer=0: must be in [1, 100000]'),
+    ('train.py', ['--plan=fsdpx'], "plan='fsdpx': must be one of auto|ddp"),
+    ('train.py', ['--learning_rat=1e-3'], "unknown config key 'learning_rat'"),
+    ('train.py', ['--n_embd=30', '--n_head=4'], 'n_embd=30 is not divisible by n_head=4'),
+    ('train.py', ['--batch_size=2', '--gradient_accumulation_steps=16777216'],
+     'gradient_accumulation_steps=16777216: the global batch'),
+    ('sample.py', ['--num_samples=0'], 'num_samples=0: must be in [1, 1000000]'),
+    ('plan.py', ['configs/gpt_tiny.py', '--n_layer=0'], 'n_layer=0: must be in [1, 100000]'),
+    ('plan.py', ['configs/gpt_tiny.py', '--gpus=2xA100'], 'which A100?'),
+])
+def test_a_knob_mistake_is_answered_before_torch_loads(script, args, says):
+    # the same one line as the script gives, and torch never imported: a mistake costs a tenth
+    # of a second, not the seconds torch takes to load (bench/RESULTS.md)
+    p = subprocess.run([sys.executable, '-c', BEFORE_TORCH, script, *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert says in one_error_line(p) and p.stdout.splitlines()[-1] == 'no torch', (p.stdout,
+                                                                                   p.stderr)
+    direct = subprocess.run([sys.executable, script, *args], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert one_error_line(direct) == one_error_line(p)

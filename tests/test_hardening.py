@@ -1,11 +1,9 @@
 """Issue 11: a tampered checkpoint runs nothing, a new run never deletes another's checkpoints, a
 silent rank ends the job, one run per out_dir, metrics.jsonl survives tearing and full disks, every
 knob is range-checked, signals at any moment, bad token ids at start-up, torn checkpoint metadata."""
-import ast
 import json
 import os
 import pickle
-import re
 import resource
 import shutil
 import signal
@@ -17,9 +15,8 @@ import numpy as np
 import pytest
 
 from trainer import (ROOT, TINY, latest_checkpoint, make_dataset, one_error_line, run_here, run_train,
-                     snapshot, train_command)
+                     snapshot, train_command, train_defaults, train_rules)
 import configurator
-from hetgpt import planner, shape
 
 RUN = TINY + ['--batch_size=4', '--eval_interval=100']
 TEN = RUN + ['--max_iters=10', '--checkpoint_interval=1', '--keep_last=2']  # ckpt 9 and 10 kept
@@ -227,19 +224,7 @@ def test_a_full_disk_for_metrics_is_one_warning_and_training_goes_on(work):
 # -----------------------------------------------------------------------------
 # 6. Every knob's range, walked from train.py's own table
 def train_knobs():
-    tree = ast.parse(open(os.path.join(ROOT, 'train.py')).read())
-    defaults, rules = {}, None
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
-            name = node.targets[0].id
-            if name == 'RULES':  # (the plan rule is built from plan.STRATEGIES, the one list)
-                rules = eval(compile(ast.Expression(node.value), 'train.py', 'eval'),
-                             {'re': re, 'planner': planner, 'shape': shape})
-            elif isinstance(node.value, ast.Constant) and configurator.is_knob(name, node.value.value):
-                defaults[name] = node.value.value
-            elif name == 'config':
-                break
-    return defaults, rules
+    return train_defaults(), train_rules()
 
 
 def wrong_values(default, rule):

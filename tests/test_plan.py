@@ -17,6 +17,8 @@ import torch
 from hetgpt import hardware
 from hetgpt import clock
 from hetgpt import costs
+from hetgpt import gpus
+from hetgpt import ladder
 from hetgpt import memory
 from hetgpt import planner
 import plan
@@ -47,7 +49,7 @@ def exact_params(cfg):
 def budget(gpu):
     # a GPU's whole memory (memory_fraction 1.0): its context and the allocator's pages are in
     # the plan's estimate
-    return hardware.GPUS[gpu]['mem']
+    return gpus.GPUS[gpu]['mem']
 
 
 def per_sequence(cfg):
@@ -129,7 +131,7 @@ def test_forced_ddp_for_13b_on_one_gpu_does_not_fit():
 
 def test_model_states_shrink_along_the_ladder():
     cfg, _ = load('gpt_13b')
-    states = [sum(memory.estimate(cfg, s, 1, 8)[k] for k in ('params', 'grads', 'optim')) for s in planner.STRATEGIES]
+    states = [sum(memory.estimate(cfg, s, 1, 8)[k] for k in ('params', 'grads', 'optim')) for s in ladder.STRATEGIES]
     assert all(a >= b for a, b in zip(states, states[1:])) and states[0] > states[-1] == 0
     P = exact_params(cfg)
     assert states[3] == pytest.approx(16 * P / 8, rel=1e-3)  # FSDP: 16Ψ/N, up to dim-0 padding
@@ -153,7 +155,7 @@ def test_micro_batch_cap_grows_with_memory(strategy):
 def test_auto_picks_the_fastest_that_fits(name, ranks):
     cfg, batch = load(name)
     auto = planner.make_plan(cfg, batch, ranks)
-    forced = [planner.make_plan(cfg, batch, ranks, plan=s) for s in planner.STRATEGIES]
+    forced = [planner.make_plan(cfg, batch, ranks, plan=s) for s in ladder.STRATEGIES]
     assert auto.fits and all(auto.step_time <= p.step_time for p in forced if p.fits)
     assert auto.step_time == min(p.step_time for p in forced if p.fits)
 
@@ -190,16 +192,16 @@ def test_gpu_names_and_peaks():
              'NVIDIA H200 NVL': 'H200-NVL', 'NVIDIA GH200 480GB': 'GH200', 'NVIDIA GH200 144G HBM3e': 'GH200-144GB',
              'NVIDIA A10G': 'A10G', 'a100-80gb': 'A100-80GB', 'Some Future GPU': None}
     for name, key in names.items():
-        assert hardware.gpu_key(name) == key, name
-    assert hardware.peak_flops('NVIDIA A100-SXM4-80GB', 'bfloat16') == 312e12
-    assert hardware.peak_flops('H100-SXM', torch.bfloat16) == 989e12
-    assert hardware.peak_flops('V100-32GB', 'float16') == 125e12
-    assert hardware.peak_flops('V100-32GB', 'bfloat16') == 15.7e12  # no bf16 tensor cores
-    assert hardware.peak_flops('A100-80GB', 'float32') == 156e12 and hardware.peak_flops('A100-80GB', 'float32', tf32=False) == 19.5e12
-    assert hardware.peak_flops('cpu') is None and hardware.peak_flops(None) is None
+        assert gpus.gpu_key(name) == key, name
+    assert gpus.peak_flops('NVIDIA A100-SXM4-80GB', 'bfloat16') == 312e12
+    assert gpus.peak_flops('H100-SXM', torch.bfloat16) == 989e12
+    assert gpus.peak_flops('V100-32GB', 'float16') == 125e12
+    assert gpus.peak_flops('V100-32GB', 'bfloat16') == 15.7e12  # no bf16 tensor cores
+    assert gpus.peak_flops('A100-80GB', 'float32') == 156e12 and gpus.peak_flops('A100-80GB', 'float32', tf32=False) == 19.5e12
+    assert gpus.peak_flops('cpu') is None and gpus.peak_flops(None) is None
     # datasheets print 2:4-sparse figures: H200 NVL 1,671 bf16 → 835 dense; GH200 1,979 → 989
-    assert hardware.peak_flops('NVIDIA H200 NVL') == 835e12 and hardware.peak_flops('NVIDIA GH200 480GB') == 989e12
-    assert hardware.GPUS['GH200']['host'] == 450  # NVLink-C2C: 900 GB/s both ways
+    assert gpus.peak_flops('NVIDIA H200 NVL') == 835e12 and gpus.peak_flops('NVIDIA GH200 480GB') == 989e12
+    assert gpus.GPUS['GH200']['host'] == 450  # NVLink-C2C: 900 GB/s both ways
 
 
 def test_table_shows_predicted_and_measured():
@@ -243,7 +245,7 @@ def flops_per_token(cfg):
 
 # The host CPU of a DGX H200 with one rank: one thread's step, below its memory's (2 Xeon 8480C,
 # 8 channels of DDR5-4800 each)
-H200_HOST = min(hardware.HOST_THREAD_BW * 1e9, 2 * 8 * 4.8e9 * 8)
+H200_HOST = min(gpus.HOST_THREAD_BW * 1e9, 2 * 8 * 4.8e9 * 8)
 
 
 def test_offload_on_one_gpu_pays_its_pcie_copies():
@@ -364,7 +366,7 @@ def test_what_published_runs_held_fits():
     # MosaicML's MPT 30B (48 × 7168) ran at micro-batch 3 under FSDP with activation checkpointing
     # on 8 A100-80GB and on 8 H100s (bench/published.py): it fits as it ran. Planned against 90%
     # of the GPU it did not (73.3 GiB against 72). The budget is what CUDA gives: 79.25 GiB on an
-    # A100-80GB, 79.11 on an H100 (users' out-of-memory messages, cited in hetgpt/hardware.py).
+    # A100-80GB, 79.11 on an H100 (users' out-of-memory messages, cited in hetgpt/gpus.py).
     sys.path.insert(0, str(ROOT / 'bench'))
     import published
     for gpu, cuda_gives in (('A100-80GB', 79.25), ('H100-SXM', 79.11)):
@@ -434,7 +436,7 @@ def test_the_offloaded_step_runs_at_the_hosts_rate():
     assert clock.host_bw(planner._normalise(measured, 0.9)) == {0: 8 * 5e9, 1: 8 * 3e9}
     dgx_a100 = 2 * 8 * 3.2e9 * 8
     one_node = planner._normalise(cluster('A100-80GB', 8), 0.9)
-    assert clock.host_bw(one_node)[0] == min(8 * hardware.HOST_THREAD_BW * 1e9, dgx_a100)
+    assert clock.host_bw(one_node)[0] == min(8 * gpus.HOST_THREAD_BW * 1e9, dgx_a100)
     crowded = planner._normalise(cluster('A100-80GB', 24, per_node=24), 0.9)
     assert clock.host_bw(crowded)[0] == dgx_a100
     cpu = planner._normalise([dict(device='cpu', mem=8 * GiB)] * 2, 0.9)
@@ -449,7 +451,7 @@ def test_the_offloaded_step_runs_at_the_hosts_rate():
 def test_cuda_overhead_is_measured_at_start_up(monkeypatch):
     # What is in use on the device but not in PyTorch's allocator after the first collective (CUDA
     # context, NCCL buffers) is the rank's overhead, in place of the 1 GiB guess.
-    total, reserved = hardware.GPUS['H200']['mem'], 2 * 2**20
+    total, reserved = gpus.GPUS['H200']['mem'], 2 * 2**20
     free = total - reserved - int(0.7 * GiB)
     monkeypatch.setattr(torch.cuda, 'mem_get_info', lambda *a: (free, total))
     monkeypatch.setattr(torch.cuda, 'memory_reserved', lambda *a: reserved)
@@ -471,7 +473,7 @@ def test_a_stated_memory_is_the_rank_s_budget_and_its_probe_room(monkeypatch):
     # on its GPU may be the other job's, so its own overhead is the planner's default (1 GiB), and
     # the probe step's room is the 20 GiB less it; a CPU rank's room is 90% of its memory (its
     # RSS counts the whole process; the kernel keeps the rest).
-    total = hardware.GPUS['H200']['mem']
+    total = gpus.GPUS['H200']['mem']
     monkeypatch.setattr(torch.cuda, 'mem_get_info', lambda *a: (total // 2, total))
     monkeypatch.setattr(torch.cuda, 'memory_reserved', lambda *a: 0)
     monkeypatch.setattr(torch.cuda, 'get_device_name', lambda *a: 'NVIDIA H200')
@@ -629,8 +631,8 @@ def test_an_emulated_dtype_runs_at_the_float32_rate():
                                 ('NVIDIA GeForce RTX 2080 Ti', 'bfloat16', 13.4),
                                 ('NVIDIA A100-SXM4-80GB', 'bfloat16', 312),
                                 ('NVIDIA A100-SXM4-80GB', 'float16', 312)):
-        assert hardware.peak_flops(name, dtype) == pytest.approx(tflops * 1e12), (name, dtype)
-    assert hardware.gpu_key('NVIDIA GeForce RTX 2080') is None  # not the Ti: not in the table
+        assert gpus.peak_flops(name, dtype) == pytest.approx(tflops * 1e12), (name, dtype)
+    assert gpus.gpu_key('NVIDIA GeForce RTX 2080') is None  # not the Ti: not in the table
 
 
 def test_what_each_gpu_kind_adds_and_the_dtype_each_computes_in(capsys):
@@ -657,13 +659,13 @@ def test_what_each_gpu_kind_adds_and_the_dtype_each_computes_in(capsys):
     gain = (2 * 312 + 2 * 125) / (2 * 312 + 2 * 15.7)
     assert ratio('auto') == pytest.approx(gain, abs=0.03)
     assert ratio('float16') == pytest.approx(gain, abs=0.03)
-    gpus = [str(ROOT / 'configs' / 'gpt_1p3b.py'), '--gpus', '2xA100-80GB,2xV100-32GB', '--nodes', '2']
-    assert plan.main(gpus) == 0
+    mixed = [str(ROOT / 'configs' / 'gpt_1p3b.py'), '--gpus', '2xA100-80GB,2xV100-32GB', '--nodes', '2']
+    assert plan.main(mixed) == 0
     out = capsys.readouterr().out
     assert re.search(r'^the 2 × V100-32GB add \+[\d.]+% tokens/s$', out, re.M), out
     assert re.search(r'^ +2-3 +1 V100-32GB +fp16 ', out, re.M), out
     assert '--dtype=' not in out  # (auto is the fastest)
-    assert plan.main(gpus + ['--dtype', 'bfloat16']) == 0
+    assert plan.main(mixed + ['--dtype', 'bfloat16']) == 0
     out = capsys.readouterr().out
     assert re.search(r'^ +2-3 +1 V100-32GB +bf16 ', out, re.M), out
     said = float(re.search(r'^--dtype=auto \(here and in train.py\) would give \+([\d.]+)% '

@@ -3,7 +3,6 @@ Issue 24: one check of the model's shape and the batch, whoever reads them: trai
 plan.py's (train.py's knobs, defaults and rules, read from its source), and a checkpoint's
 model_args (untrusted). A bad value is the same one line and exit 2 everywhere.
 """
-import ast
 import json
 import os
 import re
@@ -13,7 +12,7 @@ from dataclasses import fields
 
 import pytest
 
-from trainer import ROOT
+from trainer import ROOT, train_defaults, train_rules
 import configurator
 from hetgpt import ckpt, planner, shape
 from model import GPTConfig
@@ -23,28 +22,6 @@ BATCH = ('batch_size', 'gradient_accumulation_steps', 'micro_batch_size')
 PLANNED = BATCH + ('memory_fraction', 'max_iters')  # what plan.py reads of train.py's other knobs
 TINY_SHAPE = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=256, dropout=0.0,
                   bias=False, init_std=0.02)
-
-
-def train_source():
-    return ast.parse(open(os.path.join(ROOT, 'train.py'), encoding='utf-8').read())
-
-
-def train_defaults():
-    # train.py's knobs as written: module-level constants before RULES
-    found = {}
-    for node in train_source().body:
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], 'id', None) == 'RULES':
-            return found
-        if (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
-                and isinstance(node.value, ast.Constant)):
-            found[node.targets[0].id] = node.value.value
-
-
-def train_rules():
-    node = next(n for n in train_source().body
-                if isinstance(n, ast.Assign) and getattr(n.targets[0], 'id', None) == 'RULES')
-    return eval(compile(ast.Expression(node.value), 'train.py', 'eval'),
-                {'re': re, 'planner': planner, 'shape': shape})
 
 
 def bad_values(rule, kind):
@@ -179,7 +156,7 @@ def test_plan_takes_train_defaults(tmp_path, monkeypatch):
         seen.update(vars(cfg), batch=batch, micro=kw['micro_batch_size'])
         raise Seen
 
-    monkeypatch.setattr(plan, 'make_plan', make_plan)
+    monkeypatch.setattr(planner, 'make_plan', make_plan)  # (plan.py imports it when called)
     with pytest.raises(Seen):
         plan.main([str(empty)])
     defaults = train_defaults()

@@ -1,4 +1,5 @@
 """Helpers for the tests that run train.py: a small dataset, a launcher, checkpoint readers."""
+import ast
 import os
 import re
 import subprocess
@@ -8,7 +9,8 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from hetgpt import ckpt  # noqa: E402
+import configurator  # noqa: E402
+from hetgpt import ckpt, ladder, shape  # noqa: E402
 from hetgpt.metrics import read_rows  # noqa: E402
 
 latest_checkpoint = ckpt.latest
@@ -19,6 +21,29 @@ latest_checkpoint = ckpt.latest
 TINY = ['--bias=False', '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32', '--vocab_size=256', '--device=cpu',
         '--dtype=float32', '--compile=False', '--dropout=0.0', '--eval_iters=2', '--log_interval=1', '--warmup_iters=2',
         '--learning_rate=3e-3', '--min_lr=3e-4', '--lr_decay_iters=20', '--dataset=synth']
+
+
+def train_defaults():
+    # train.py's knobs as written: its module-level constants before RULES (read from its
+    # source: importing it would train)
+    found = {}
+    for node in ast.parse(open(os.path.join(ROOT, 'train.py'), encoding='utf-8').read()).body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], 'id', None) == 'RULES':
+            return found
+        if (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+                and isinstance(node.value, ast.Constant)
+                and configurator.is_knob(node.targets[0].id, node.value.value)):
+            found[node.targets[0].id] = node.value.value
+
+
+def train_rules():
+    # train.py's RULES, evaluated from its source (the plan rule is built from
+    # ladder.STRATEGIES, the one list)
+    tree = ast.parse(open(os.path.join(ROOT, 'train.py'), encoding='utf-8').read())
+    node = next(n for n in tree.body
+                if isinstance(n, ast.Assign) and getattr(n.targets[0], 'id', None) == 'RULES')
+    return eval(compile(ast.Expression(node.value), 'train.py', 'eval'),
+                {'re': re, 'STRATEGIES': ladder.STRATEGIES, 'shape': shape})
 
 
 def make_dataset(root, name='synth', n_train=40_000, n_val=4_000):
