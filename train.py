@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from configurator import answer_help, configure, is_knob, model_defaults
 from hetgpt import shape, signals
-from hetgpt.errors import die
+from hetgpt.errors import die, end
 from hetgpt.ladder import STRATEGIES
 answer_help(__file__, model=True)  # --help: the knobs below and GPTConfig's
 signals.starting()  # a stop before training (imports included): one line
@@ -410,6 +410,4 @@ while iter_num < max_iters and not eval_only:
 
 if master:
     record.finish()
-dist.barrier()  # without it one run in three aborted at exit on gloo
-watchdog.stop()
-dist.destroy_process_group()
+end(0)  # (hetgpt/errors.py: without the interpreter's teardown)

@@ -2,6 +2,7 @@
 Mistakes, said as one line that tells the user what to do, and exit 2: every entry point's way
 to fail (train, sample, prepare, plan, plot and the package under them).
 """
+import atexit
 import os
 import signal
 import sys
@@ -18,6 +19,10 @@ QUIET_WAIT = 5.0
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
 
+status = None  # the exit status end() gave (None: the interpreter's own)
+teardown = True  # False: the process ends without it (skip_teardown)
+
+
 def speaks():
     # Whether this process says a start-up mistake: one process alone, or its machine's local rank 0
     return os.environ.get('LOCAL_RANK', '0') == '0' or int(os.environ.get('WORLD_SIZE', 1)) == 1
@@ -26,16 +31,50 @@ def speaks():
 def die(msg):
     if not speaks():
         if in_signal_handler():
-            sys.exit(2)
+            end(2)
         try:  # a stop while waiting: silent
             for sig in STOP_SIGNALS:
-                signal.signal(sig, lambda signum, frame: sys.exit(2))
+                signal.signal(sig, lambda signum, frame: end(2))
         except ValueError:  # not the main thread: signals are not ours to handle
             pass
         time.sleep(QUIET_WAIT)
         msg = f"rank {os.environ.get('RANK', '?')}: {msg}"
     say(f"error: {msg}")
-    sys.exit(2)
+    end(2)
+
+
+def end(code):  # sys.exit, the status kept for skip_teardown
+    global status
+    status = code
+    sys.exit(code)
+
+
+def last_at_exit():
+    # train.py, before torch loads: _exit as the at-exit handler that runs last
+    atexit.register(_exit)
+
+
+def skip_teardown():
+    # Once a gloo group runs (hetgpt/group.py): a process that ends by end() (die included) or by
+    # an uncaught exception (status 1) ends by os._exit after every other at-exit handler,
+    # skipping the interpreter's teardown. In that teardown a gloo worker thread still dropping
+    # the last collective's tensors takes the GIL, which a finalizing interpreter refuses, and the
+    # process aborts ("terminate called without an active exception", SIGABRT; pytorch#190489).
+    # bench/exit_abort.py counts it with and without this.
+    global teardown
+    teardown = False
+
+
+def _exit():
+    code = 1 if getattr(sys, 'last_value', None) is not None else status
+    if teardown or code is None:  # (another SystemExit: its status is the interpreter's)
+        return
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # (a closed pipe: the reader is gone)
+            pass
+    os._exit(code)
 
 
 def say(line):

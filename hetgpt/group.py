@@ -14,7 +14,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from hetgpt.ckpt import lost_peer, why
-from hetgpt.errors import say
+from hetgpt.errors import say, skip_teardown
 
 
 def gather(obj):  # every rank's obj, in rank order
@@ -42,9 +42,9 @@ def start_group(backend, rank, world_size, stall_timeout):
     watchdog = Watchdog(store, rank, world_size, stall_timeout, limit_factor=4)
     if world_size > 1:
         sys.excepthook = functools.partial(_lost_peer, sys.excepthook, rank)
-    # On any exit, a one-line error included: the watchdog's thread and the group's own threads
-    # stopped before the interpreter tears down (left running, they can abort it at exit:
-    # "terminate called without an active exception").
+    # On any exit, a one-line error included: the watchdog's thread stopped, then the group; then
+    # the process ends without the interpreter's teardown, where gloo's threads can abort it
+    skip_teardown()
     atexit.register(lambda: watchdog.stop() or dist.is_initialized() and
                     dist.destroy_process_group())
     return watchdog

@@ -7,14 +7,13 @@ import json
 import os
 import signal
 import socket
-import sys
 import time
 
 from collections import Counter
 
 import torch
 
-from hetgpt.errors import say
+from hetgpt.errors import end, say
 
 
 # Membership. A rank's machine is its host and torchrun agent (one per machine; under elastic
@@ -89,10 +88,10 @@ def same_run(prints, machines, rank, saved=None):
                 f"config, code, torch and data on it")
         if 'TORCHELASTIC_RUN_ID' in os.environ:
             os.kill(os.getppid(), signal.SIGKILL)
-        sys.exit(2)
+        end(2)
     gone = sorted({machines[r] for r in odd})
     if rank == min(r for r in range(len(prints)) if r not in odd):
         say(f"machine(s) {', '.join(gone)} run another run: {differences(prints[odd[0]], run)}; "
             f"they leave, the others go on without them (torchrun --max-restarts restarts them)")
     time.sleep(3)  # (the odd agents are killed first: else they might rejoin the next round)
-    sys.exit(3)
+    end(3)

@@ -7,13 +7,14 @@ import os
 import signal
 import sys
 
-from hetgpt.errors import die, say, speaks
+from hetgpt.errors import die, last_at_exit, say, speaks
 
 STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 claimed = False  # out_dir locked (rundir.lock): from then on a stop exits through atexit
 
 
 def starting():
+    last_at_exit()  # (registered first: it runs last)
     for sig in STOPS:
         signal.signal(sig, _stop_while_starting)
 

@@ -104,10 +104,11 @@ def test_training_imports_neither_wandb_nor_datasets_unless_asked(work):
     import subprocess
     import sys
     from trainer import ROOT
-    code = ("import atexit, runpy, sys; atexit.register(lambda: print('imported', sorted("
-            "{'wandb', 'datasets', 'pandas', 'transformers'} & set(sys.modules))));"
-            "sys.argv = sys.argv[1:]; sys.path.insert(0, sys.argv[0].rpartition('/')[0]); "
-            "runpy.run_path(sys.argv[0], run_name='__main__')")
+    code = ("import runpy, sys\n"
+            "sys.argv = sys.argv[1:]; sys.path.insert(0, sys.argv[0].rpartition('/')[0])\n"
+            "try: runpy.run_path(sys.argv[0], run_name='__main__')\n"
+            "finally: print('imported', sorted("
+            "{'wandb', 'datasets', 'pandas', 'transformers'} & set(sys.modules)))")
     p = subprocess.run([sys.executable, '-c', code, os.path.join(ROOT, 'train.py'), *TINY,
                         '--batch_size=8', '--max_iters=1', '--out_dir=lean'], cwd=work,
                        capture_output=True, text=True, timeout=300,
