@@ -2,9 +2,8 @@
 GPT-2, in one file: what the network is, and nothing about where it runs.
 Sharding, activation checkpointing, compilation and offload are applied from
 outside (hetgpt/parallel.py, as the plan says).
-References: OpenAI's GPT-2 (github.com/openai/gpt-2), HF transformers'
-modeling_gpt2.py, nanoGPT's model.py (whose module names we keep, so HF
-weights map one to one: hetgpt/hf.py).
+References: OpenAI's GPT-2, HF transformers' modeling_gpt2.py, nanoGPT's
+model.py (its module names kept: HF weights map one to one, hetgpt/hf.py).
 """
 import math
 from dataclasses import dataclass, fields
@@ -151,12 +150,9 @@ class LMHeadLoss(torch.autograd.Function):
         return (grad_x * grad_loss).view(ctx.shape), grad_w, None, None
 
 
-# (tokens per chunk, tokens per group of chunks), by device type. Per group
-# the logits and the gradients of x and weight are a matmul each (a float32
-# sum per 1024 tokens, not per 128, made the loss 1.5× faster at width 768);
-# per chunk autograd's float32 buffers come and go: on a CPU glibc reuses
-# those of 64 tokens without growing its heap (128: up to 37% more peak RSS,
-# bench/RESULTS.md). GPU: not yet measured.
+# (tokens per chunk, per group of chunks), by device type: a matmul per group
+# (1024 tokens: 1.5× faster than 128 at width 768), autograd's float32 buffers
+# per chunk (64 on a CPU: 128 took up to 37% more peak RSS; bench/RESULTS.md)
 LOSS_CHUNK = {'cpu': (64, 1024), 'cuda': (4096, 4096)}
 
 
@@ -186,14 +182,11 @@ class GPT(nn.Module):
         self.init_weights(seed)
 
     def init_weights(self, seed=None, device=None):
-        # Every parameter and buffer, by the type of the module that owns it:
-        # Linear and Embedding weights from normal(0, init_std) (GPT-2's; the
-        # projections into the residual stream, c_proj, scaled by
-        # 1/sqrt(2 * n_layer)) and zero biases; any other module by its
-        # reset_parameters() (norms: ones and zeros; a rotary table: its
-        # formula). The draws are a function of (seed, name) alone, however
-        # the weights are placed (hetgpt/draw.py). seed None: torch's;
-        # device: where the draws run (CUDA's are not the CPU's).
+        # Every parameter and buffer, by its module's type: Linear, Embedding
+        # from normal(0, init_std), c_proj's / sqrt(2 * n_layer) (GPT-2's),
+        # zero biases; any other by its reset_parameters() (norms, a rotary
+        # table). A draw is a function of (seed, name) alone (hetgpt/draw.py);
+        # seed None: torch's; device: where draws run (CUDA's are not CPU's).
         seed = torch.initial_seed() if seed is None else seed
         done = set()  # (the tied head is wte's weight: drawn once, as wte)
         for name, m in self.named_modules():
@@ -269,11 +262,9 @@ class GPT(nn.Module):
 
 
 def make_optimizer(model, config):
-    # A list of optimizers, set from config (train.py's knobs). AdamW,
-    # decaying the matmul weights and embeddings, not biases and gains.
-    # Muon for the blocks' matrices is one edit of the return (see
-    # tests/test_optimizer.py). The schedule scales each group's own lr;
-    # the planner measures what this returns (hetgpt/costs.py).
+    # A list of optimizers from train.py's knobs: AdamW, decaying matrices,
+    # not biases and gains (Muon: one edit, tests/test_optimizer.py). The
+    # planner measures what this returns (hetgpt/costs.py).
     decay = [p for p in model.parameters() if p.dim() >= 2]
     other = [p for p in model.parameters() if p.dim() < 2]
     return [adamw([{'params': decay, 'weight_decay': config['weight_decay']},

@@ -37,15 +37,8 @@ keep_last = 2          # complete checkpoints kept in out_dir
 wandb_log = False      # online if logged in, else offline; never blocks
 wandb_project = 'hetgpt'
 wandb_run_name = 'run'
-# model: every field of GPTConfig (model.py) is a knob; train.py's defaults
-n_layer = 12
-n_head = 12
-n_embd = 768
-block_size = 1024
-vocab_size = 50304     # GPT-2's 50257 tokens padded to a multiple of 64
-dropout = 0.0
-bias = False           # biases in Linear and LayerNorm layers
-init_std = 0.02
+# model: GPTConfig's fields (model.py's defaults, listed below), but bias
+bias = False           # no biases in Linears and LayerNorms, as nanoGPT's
 # optimizer: AdamW, linear warmup then cosine decay to min_lr
 batch_size = 32        # sequences per step, all ranks together
 gradient_accumulation_steps = 0  # nanoGPT's: > 0 makes batch_size the
@@ -109,36 +102,30 @@ globals().update(config)
 batch_size, micro_batch_size = shape.batch_of(  # (nanoGPT's configs)
     batch_size, gradient_accumulation_steps, micro_batch_size)
 if decay_lr and min_lr > learning_rate:
-    die(f"min_lr={min_lr} is above learning_rate={learning_rate}: "
-        f"lower min_lr")
+    die(f"min_lr={min_lr} is above learning_rate={learning_rate}: lower min_lr")
 world_size = int(os.environ.get('WORLD_SIZE', 1))  # set by torchrun
 rank = int(os.environ.get('RANK', 0))
 local_rank = int(os.environ.get('LOCAL_RANK', 0))
 local_world = int(os.environ.get('LOCAL_WORLD_SIZE', 1))
-weights = shape.balance_weights(balance, world_size)  # None: by speed
-if batch_size < world_size:
-    die(f"batch_size={batch_size} cannot feed {world_size} ranks: "
-        f"raise it or use fewer ranks")
+weights = shape.split_weights(balance, batch_size, world_size)  # None: by speed
 
-# The knobs hold: now torch (a mistake above is one line in a tenth of a
-# second, without it). GPU memory in pages any tensor can reuse, as the
-# planner budgets it.
+# The knobs hold: now torch (a mistake above took a tenth of a second).
+# GPU memory in pages any tensor can reuse, as the planner budgets it:
 os.environ.setdefault('PYTORCH_CUDA_ALLOC_CONF', 'expandable_segments:True')
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from hetgpt import (ckpt, corpus, costs, gpus, group, hardware, hf, membership,
+from hetgpt import (ckpt, corpus, costs, group, hardware, hf, membership,
                     metrics, optim, parallel, planner, probe, rundir)
 from hetgpt.balance import Speed
 from hetgpt.group import gather
 from model import GPT, config_from, make_optimizer
 hardware.return_freed_host_memory()  # host RSS follows live tensors
 # nanoGPT's character-level data (meta.pkl) sets vocab_size, if not given
-dataset_meta = corpus.dataset_vocab(os.path.join('data', dataset))
-if (dataset_meta and vocab_size == defaults['vocab_size']
-        and not init_from.startswith('gpt2')):
-    vocab_size = config['vocab_size'] = dataset_meta['vocab_size']
+meta = corpus.dataset_vocab(os.path.join('data', dataset))
+if meta and vocab_size == defaults['vocab_size'] and init_from[:4] != 'gpt2':
+    vocab_size = config['vocab_size'] = meta['vocab_size']
 # out_dir writable, locked, not another run's; the checkpoint to resume
 resume_from, saved = rundir.claim(config, rank)
 
@@ -148,7 +135,7 @@ device, compile, how = hardware.resolve(device, compile, local_rank)
 device_type = device.split(':')[0]
 # The watchdog ends this rank, naming the silent one, when no step
 # completes for stall_timeout seconds (4× that at start-up and checkpoints).
-watchdog = group.start_group(hardware.BACKENDS[device_type], rank,
+watchdog = group.start_group(hardware.BACKENDS[device_type], device, rank,
                              world_size, stall_timeout)
 master = rank == 0
 log = functools.partial(print, flush=True) if master else lambda *a: None
@@ -171,21 +158,17 @@ else:
     model_args = config_from(config)
 if model_args.block_size < block_size:
     die(f"block_size={block_size} exceeds the model's {model_args.block_size}")
-if device_type == 'cuda':  # NCCL's buffers, made at its first collective
-    dist.all_reduce(torch.zeros(1, device=device))  # (this_rank counts them)
 stated = hardware.stated_memory(local_rank, device_type)  # HETGPT_MEM_GIB
 host_bw = costs.host_step_rate(device_type)  # (before this_rank measures)
-ranks = gather(hardware.this_rank(device_type, rank, local_world, stated,
-                                  host_bw))
+ranks = gather(hardware.this_rank(device_type, rank, local_world, stated, host_bw))
 run_plan = planner.make_plan(
     model_args, batch_size, ranks, plan=plan, micro_batch_size=micro_batch_size,
     memory_fraction=memory_fraction, dtype=dtype, weights=weights,
     init_device='cpu' if pretrained else init_device)
 if not run_plan.fits:
     die(f"plan={plan} does not fit: {run_plan.advice}")
-# The initial weights: a function of (seed, name), the same under every
-# strategy, init_device and world size. 'cpu': the whole model on the host
-# first; 'meta': each rank makes its own shard after wrapping.
+# The initial weights: a function of (seed, name) under every placement.
+# 'cpu': the whole model on the host first; 'meta': each rank makes its shard.
 torch.manual_seed(seed)
 if not pretrained:
     with torch.device('meta'):
@@ -198,7 +181,6 @@ model, autocast = parallel.wrap(raw_model, run_plan, rank, world_size,
 optimizers = make_optimizer(model, config)
 base_lrs = [g['lr'] for g in optim.param_groups(optimizers)]
 scaler = optim.scaler(device_type, run_plan.dtypes)
-reduce_every = run_plan.reduce_every_micro_batch  # FSDP: after each one
 # each rank's measured speed, and the split of the batch it calls for
 speed = Speed(device_type, rank, world_size, run_plan.ac[rank],
               rebalance_interval, run_plan.shard, model, log)
@@ -228,12 +210,12 @@ def forward(split, offsets, weight):
 
 
 def forward_backward(offsets, sizes, weight, reduce=True):
-    # This rank's micro-batches (sizes) of offsets; returns their loss sum.
-    # DDP reduces the gradients after the last one; FSDP after each one when
-    # the plan says so (accumulating unsharded costs memory, saves traffic).
+    # This rank's micro-batches (sizes) of offsets; their loss sum. DDP reduces
+    # after the last; FSDP after each if the plan says (unsharded: more memory).
     total, done = torch.zeros((), device=device), 0
+    every = run_plan.reduce_every_micro_batch
     for i, size in enumerate(sizes):
-        now = reduce and (i == len(sizes) - 1 or reduce_every)
+        now = reduce and (i == len(sizes) - 1 or every)
         with parallel.sync(model, now):
             with speed.forward():
                 loss, loss_sum = forward('train', offsets[done:done + size], weight)
@@ -253,15 +235,9 @@ def probe_step(sizes):  # a step that changes nothing: zero gradients, lr 0
 # The plan checked on the real device (hetgpt/probe.py), then the split by
 # each rank's measured speed (unless balance= gives it)
 by_speed = weights is None and world_size > 1
-log(f"probe step: training steps at micro-batch {run_plan.caps[0]} "
-    f"(weights unchanged) to check memory"
-    + (" (compiling first: slow the first time)" if compile else '')
-    + ("; then timed micro-batches on every rank to split the batch"
-       if by_speed else ''))
-ddp = world_size > 1 and not run_plan.shard  # (DDP's buckets: a 3rd step)
 with optim.frozen(optimizers):
     caps, measured, probed = probe.fit_caps(
-        run_plan, rank, probe_step, 3 if ddp else 2, device_type, stated, log)
+        run_plan, rank, probe_step, device_type, stated, log, compile, by_speed)
     if by_speed:
         offsets = data.offsets('train', -1, caps[rank])
         speed.measure(caps[rank], lambda sizes: forward_backward(
@@ -281,25 +257,15 @@ if decay_lr and max_iters < lr_decay_iters and not eval_only:
     log(f"warning: max_iters={max_iters} < lr_decay_iters={lr_decay_iters}: "
         f"the learning rate ends at {get_lr(max_iters):.2e}, not "
         f"min_lr={min_lr:.2e}; set lr_decay_iters={max_iters}")
-if gradient_accumulation_steps:
-    log(f"gradient_accumulation_steps={gradient_accumulation_steps} "
-        f"(nanoGPT's meaning): global batch {batch_size} = "
-        f"{config['batch_size']} × {gradient_accumulation_steps} sequences")
-# rank 0's record: first the plan against the probe step
+if gradient_accumulation_steps:  # (nanoGPT's meaning)
+    log(f"gradient_accumulation_steps={gradient_accumulation_steps}: global "
+        f"batch {batch_size} = {config['batch_size']} × that, in sequences")
 wandb_init = wandb_log and dict(project=wandb_project, name=wandb_run_name, config=config)
-first = {'iter': iter_num, **run_plan.record(probed)}
-record = lambda row: None
-if master:
-    record = metrics.Metrics(out_dir, iter_num, first, wandb_init)
-peaks = [gpus.peak_flops(r['gpu'], d)  # None: CPU
-         for r, d in zip(ranks, run_plan.dtypes)]
-trained_args = replace(model_args, block_size=block_size)
+first = {'iter': iter_num, **run_plan.record(probed)}  # the plan, as probed
+record = metrics.Metrics(out_dir, iter_num, first, wandb_init, master)
+mfu = costs.MFU(replace(model_args, block_size=block_size), ranks,
+                run_plan.dtypes)  # (None on a CPU)
 tokens_per_step = batch_size * block_size
-
-
-def mfu(sequences, seconds, r=None):  # rank r's, or all ranks' (None: unknown)
-    peak = peaks[r] if r is not None else sum(peaks) if all(peaks) else None
-    return costs.mfu(trained_args, sequences, seconds, peak)
 
 
 @torch.no_grad()
@@ -310,8 +276,7 @@ def validate(it, step_seconds):
     offsets = data.offsets('val', -1, eval_iters * 8)
     expect = step_seconds * len(offsets) / batch_size / 3  # forward: 1/3
     if expect > 10:
-        log(f"iter {it}: evaluating {len(offsets):,} sequences, "
-            f"about {expect:.0f} s")
+        log(f"iter {it}: evaluating {len(offsets):,} sequences, about {expect:.0f} s")
     mine = np.array_split(offsets, world_size)[rank]
     count = torch.tensor(math.ceil(len(mine) / caps[rank]) or 1)  # (gloo)
     dist.all_reduce(count, op=dist.ReduceOp.MAX)  # as many on every rank
@@ -348,12 +313,10 @@ loss_acc = torch.zeros((), device=device)
 while iter_num < max_iters and not eval_only:
     torch.manual_seed(seed + 1_000_003 * iter_num + rank)  # (dropout)
     lr = get_lr(iter_num)
-    for g, base in zip(optim.param_groups(optimizers), base_lrs):
-        g['lr'] = base * lr / learning_rate  # each group's own lr, scaled
+    optim.scale_lr(optimizers, base_lrs, lr / learning_rate)
     ran = sizes[rank]
     start = sum(map(sum, sizes[:rank]))
-    offsets = data.offsets('train', iter_num, batch_size)
-    offsets = offsets[start:start + sum(ran)]
+    offsets = data.offsets('train', iter_num, batch_size)[start:start + sum(ran)]
     speed.start(iter_num)
     # the loss: the sum of token losses / the whole batch's tokens; ×
     # world_size undoes DDP's and FSDP's mean over ranks, so the reduced
@@ -408,6 +371,5 @@ while iter_num < max_iters and not eval_only:
     t_log += time.perf_counter() - t_pause
     watchdog.progress(limit_factor=1)
 
-if master:
-    record.finish()
+record.finish()
 end(0)  # (hetgpt/errors.py: without the interpreter's teardown)

@@ -27,7 +27,7 @@ from hetgpt import errors
 errors.last_at_exit()  # (as train.py, before torch)
 import torch.distributed as dist
 from hetgpt import group
-group.start_group('gloo', 0, 1, 0)
+group.start_group('gloo', 'cpu', 0, 1, 0)
 errors.teardown = sys.argv[1] == 'teardown'  # (the interpreter's teardown: as before)
 held = dist.group.WORLD  # (a DDP or FSDP model holds the group so)
 group.gather('one object')

@@ -368,6 +368,20 @@ def flops_per_sequence(c, ac=False):
     return c.n_layer * f['ac' if ac else 'block'] + f['rest']
 
 
+class MFU:
+    # train.py's: mfu(sequences, seconds, r) on rank r's peak (its GPU in its dtype), or on all
+    # ranks' together (r None); None where a peak is unknown (a CPU)
+    def __init__(self, cfg, ranks, dtypes):
+        from hetgpt.gpus import peak_flops
+        self.cfg = cfg
+        self.peaks = [peak_flops(r['gpu'], d) for r, d in zip(ranks, dtypes)]
+
+    def __call__(self, sequences, seconds, r=None):
+        peak = (self.peaks[r] if r is not None else
+                sum(self.peaks) if all(self.peaks) else None)
+        return mfu(self.cfg, sequences, seconds, peak)
+
+
 def mfu(cfg, sequences, seconds, peak):
     # Model FLOPs utilisation: the training FLOPs of `sequences` sequences (flops_per_sequence; no
     # recompute counted) done in `seconds`, over `peak` FLOP/s; None when the peak is not known.

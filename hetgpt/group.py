@@ -11,6 +11,7 @@ import time
 
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 from hetgpt.ckpt import lost_peer, why
@@ -24,7 +25,7 @@ def gather(obj):  # every rank's obj, in rank order
 
 
 # The process group. Every run has one, one rank or many, so that train.py has one path.
-def start_group(backend, rank, world_size, stall_timeout):
+def start_group(backend, device, rank, world_size, stall_timeout):
     store = None
     if world_size > 1:
         # torchrun's own store (its default) outlives a restart of the group: without a prefix per
@@ -39,6 +40,8 @@ def start_group(backend, rank, world_size, stall_timeout):
     dist.init_process_group(backend, store=store or dist.HashStore(), rank=rank,
                             world_size=world_size,
                             timeout=timedelta(seconds=5 * stall_timeout or 1800))
+    if device.startswith('cuda'):  # NCCL's buffers, made at its first collective (before
+        dist.all_reduce(torch.zeros(1, device=device))  # hardware.this_rank counts them)
     watchdog = Watchdog(store, rank, world_size, stall_timeout, limit_factor=4)
     if world_size > 1:
         sys.excepthook = functools.partial(_lost_peer, sys.excepthook, rank)

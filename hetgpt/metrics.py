@@ -87,12 +87,15 @@ class Metrics:
     # Rank 0's record of the run: a row per log line and evaluation in metrics.jsonl, and in wandb
     # when asked (online when logged in, else offline; a failure there only disables it). It starts
     # by dropping checkpoints a killed run left half-written and the rows past the iteration the run
-    # starts from (a torn last line is skipped), then writes first_row: the plan.
-    def __init__(self, out_dir, iter_num, first_row, wandb_init=None):
+    # starts from (a torn last line is skipped), then writes first_row: the plan. On the other
+    # ranks (master False) it records nothing.
+    def __init__(self, out_dir, iter_num, first_row, wandb_init=None, master=True):
+        self.path, self.wandb, self.master = os.path.join(out_dir, 'metrics.jsonl'), None, master
+        if not master:
+            return
         for d in os.listdir(out_dir):
             if d.endswith('.tmp'):
                 shutil.rmtree(os.path.join(out_dir, d), ignore_errors=True)
-        self.path, self.wandb = os.path.join(out_dir, 'metrics.jsonl'), None
         rows = read_rows(self.path) if iter_num else []
         rewrite_rows(self.path, [r for r in rows if r['iter'] <= iter_num] + [first_row])
         if wandb_init:
@@ -107,6 +110,8 @@ class Metrics:
                 print(f"wandb disabled: {type(e).__name__}: {e}", flush=True)
 
     def __call__(self, row):
+        if not self.master:
+            return
         append_row(self.path, row)
         if self.wandb:
             self.wandb.log(row, step=row['iter'])

@@ -56,6 +56,11 @@ def param_groups(optimizers):
     return [g for opt in optimizers for g in opt.param_groups]
 
 
+def scale_lr(optimizers, base_lrs, scale):  # each group's own lr (base_lrs), scaled
+    for g, base in zip(param_groups(optimizers), base_lrs):
+        g['lr'] = base * scale
+
+
 @contextmanager
 def frozen(optimizers):
     # Steps at lr 0 (with zero gradients, train.py's probe: the weights stay as they are); after

@@ -11,10 +11,15 @@ from hetgpt.errors import die
 from hetgpt.group import gather
 
 
-def fit_caps(plan, rank, step, steps, device_type, stated, log):
+def fit_caps(plan, rank, step, device_type, stated, log, compile, by_speed):
     # step(sizes): a training step of this rank's micro-batches (sizes) that leaves the weights
-    # as they are (optim.frozen). steps: how many make the steps that follow (DDP rebuilds its
-    # buckets in its second iteration). Returns (caps, every rank's peak, this rank's peak).
+    # as they are (optim.frozen). Returns (caps, every rank's peak, this rank's peak). compile,
+    # by_speed: what the user is told comes first and after (the speed's micro-batches).
+    log(f"probe step: training steps at micro-batch {plan.caps[0]} (weights unchanged) to check "
+        f"memory" + (" (compiling first: slow the first time)" if compile else '')
+        + ("; then timed micro-batches on every rank to split the batch" if by_speed else ''))
+    # as many steps as make the steps that follow: DDP rebuilds its buckets in its second
+    steps = 3 if len(plan.caps) > 1 and not plan.shard else 2
     caps = plan.caps
     while True:  # (this rank's micro-batches at its cap: as many as the plan gives it, up to 2)
         count = min(2, len(planner.resplit(plan, caps).sizes[rank]))

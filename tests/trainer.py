@@ -1,5 +1,6 @@
 """Helpers for the tests that run train.py: a small dataset, a launcher, checkpoint readers."""
 import ast
+import dataclasses
 import os
 import re
 import subprocess
@@ -10,6 +11,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import configurator  # noqa: E402
+import model  # noqa: E402
 from hetgpt import ckpt, ladder, shape  # noqa: E402
 from hetgpt.metrics import read_rows  # noqa: E402
 
@@ -24,9 +26,9 @@ TINY = ['--bias=False', '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_siz
 
 
 def train_defaults():
-    # train.py's knobs as written: its module-level constants before RULES (read from its
-    # source: importing it would train)
-    found = {}
+    # train.py's knobs as written: GPTConfig's fields at model.py's defaults, then its own
+    # module-level constants before RULES (read from its source: importing it would train)
+    found = {f.name: f.default for f in dataclasses.fields(model.GPTConfig)}
     for node in ast.parse(open(os.path.join(ROOT, 'train.py'), encoding='utf-8').read()).body:
         if isinstance(node, ast.Assign) and getattr(node.targets[0], 'id', None) == 'RULES':
             return found
