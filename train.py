@@ -121,7 +121,6 @@ from hetgpt import (ckpt, corpus, costs, group, hardware, hf, membership,
 from hetgpt.balance import Speed
 from hetgpt.group import gather
 from model import GPT, config_from, make_optimizer
-hardware.return_freed_host_memory()  # host RSS follows live tensors
 # nanoGPT's character-level data (meta.pkl) sets vocab_size, if not given
 meta = corpus.dataset_vocab(os.path.join('data', dataset))
 if meta and vocab_size == defaults['vocab_size'] and init_from[:4] != 'gpt2':

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from hetgpt import clock, costs
-from hetgpt.memory import GiB
+from hetgpt.memory import GLIBC_SLACK, GiB, held
 from model import GPTConfig
 
 
@@ -53,6 +53,15 @@ class Plan:
         x = self.ranks[r]
         outside = x['overhead'] if overhead is None else overhead
         return x['budget'] - (outside if x['device'] == 'cuda' else 0)
+
+    def frees_host_memory(self, r):
+        # Whether rank r's freed host memory goes back to the OS at once (hardware.
+        # return_freed_host_memory), so that its RSS follows its live tensors as predicted: on a
+        # GPU rank (few host blocks: no cost), and on a CPU rank whose room cannot hold glibc's
+        # slack beside its predicted peak. Elsewhere glibc keeps freed blocks for reuse, and a CPU
+        # step runs at glibc's speed (the fixed threshold's fresh pages cost 1.5× a gpt_tiny step).
+        device = self.ranks[r]['device']
+        return device != 'cpu' or held(device, self.predicted[r]) * GLIBC_SLACK > self.room(r)
 
     def record(self, probed):
         # rank 0's plan against its probe step (probe.probe's peak): metrics.jsonl's first row
@@ -102,6 +111,11 @@ class Plan:
             out.append(f"{span(a, b):>5} {span(m, n):>5}" + lines[0])
             out.extend(f"{'':>11}" + line for line in lines[1:])
         out.append(host_line(self.ranks))
+        kept = [str(i) for i in range(len(self.ranks)) if not self.frees_host_memory(i)]
+        if kept:  # (CPU ranks)
+            who = 'every rank' if len(kept) == len(self.ranks) else f"rank(s) {', '.join(kept)}"
+            out.append(f"host: {who} with room for glibc's slack ({GLIBC_SLACK:g}× the "
+                       f"prediction): freed memory kept for reuse, RSS above the prediction")
         if self.step_time:
             out.append(f"predicted: step {self.step_time:.3g} s, "
                        f"{self.tokens_per_sec:,.0f} tokens/s"

@@ -91,14 +91,16 @@ def return_freed_host_memory():
     # The planner predicts live bytes; the probe step and the metrics read the host's RSS. glibc
     # keeps a freed block below its mmap threshold in the heap for reuse, and raises that threshold
     # to each larger block freed (up to 32 MiB): a CPU step's freed tensors stay resident, and its
-    # peak RSS reaches up to 1.8× the live bytes. A fixed 64 KiB threshold (as the environment's
+    # peak RSS reaches up to 1.88× the live bytes (memory.GLIBC_SLACK). A fixed 64 KiB threshold (as the environment's
     # MALLOC_MMAP_THRESHOLD_=65536) gives each larger block its own mmap, returned to the OS when
     # freed. Its cost, measured (bench/host_allocator.py, 1 thread), CPU time per step: float32
     # eager 1.46× at gpt_tiny's 4×128 (its loss's 13 MB chunk buffers are fresh pages each time)
     # and 1.18× at 4×256, bfloat16 compiled 1.25× and 1.10×: the kernel zeroing fresh pages.
     # With 1 MiB the peak RSS was 5% over the planner's prediction at micro-batch 2
-    # (tests/peak_step.py), with 16 MiB up to 33%. Call it before the big allocations. True if
-    # set; False where the C library has no mallopt (musl's does nothing; macOS, Windows).
+    # (tests/peak_step.py), with 16 MiB up to 33%. So it is set only where the RSS must follow the
+    # live bytes: before the probe step of a rank near its memory (decision.Plan.frees_host_memory),
+    # whose steps then pay the fresh pages. True if set; False where the C library has no mallopt
+    # (musl's does nothing; macOS, Windows).
     try:
         return ctypes.CDLL(None).mallopt(-3, 65536) == 1  # M_MMAP_THRESHOLD, bytes
     except (AttributeError, OSError, TypeError):

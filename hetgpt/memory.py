@@ -21,6 +21,10 @@ GPU_OVERHEAD = GiB     # outside the allocator: CUDA context, NCCL buffers (unle
 PROCESS_HOST = 2 * GiB  # host bytes of one training process (Python, torch, CUDA host state)
 CPU_OVERHEAD = GiB // 2  # a CPU rank's process before any tensor
 ALLOC_SLACK = 0.05     # a CPU rank: malloc's arenas and fragmentation, of what comes and goes
+# glibc's own settings keep freed blocks resident for reuse: a CPU step's peak RSS was up to 1.88×
+# the live bytes predicted (bench/glibc_slack.py; bench/RESULTS.md, "The CPU step and glibc's
+# allocator")
+GLIBC_SLACK = 2.0
 # A GPU's allocator, as train.py sets it (expandable_segments): each stream's two pools grow by
 # pages, 20 MiB for blocks over 1 MiB and 2 MiB for the rest (c10/cuda/CUDACachingAllocator.cpp),
 # and a page freed whole goes back before an out-of-memory, so what is lost to rounding is the
@@ -52,6 +56,11 @@ def _pinned(shapes, n):
     # Pinned host bytes of the fp32 shards: the CUDA caching host allocator rounds every block up
     # to a power of two (FSDP2 pins each parameter's shard, and each gradient copied back to it).
     return sum(1 << (4 * math.ceil(s[0] / n) * math.prod(s[1:]) - 1).bit_length() for s in shapes)
+
+
+def held(device, e):
+    # The bytes a rank's budget holds of an estimate: a CPU rank's RAM its device and host bytes
+    return e['total'] + (e['host_rank'] if device == 'cpu' else 0)
 
 
 # -----------------------------------------------------------------------------

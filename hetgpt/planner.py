@@ -20,7 +20,7 @@ from hetgpt.errors import die
 from hetgpt.gpus import GPUS
 from hetgpt.hardware import native_dtype
 from hetgpt.ladder import DTYPES, STRATEGIES, flags
-from hetgpt.memory import CPU_OVERHEAD, GPU_OVERHEAD, GiB, estimate
+from hetgpt.memory import CPU_OVERHEAD, GPU_OVERHEAD, GiB, estimate, held
 
 # Of a host's memory (a CPU rank's, a node's), what the planner fills: the rest is the kernel's
 # and the page cache's, which no process counts (a guess)
@@ -89,8 +89,7 @@ def _evaluate_one(cfg, batch, ranks, strategy, mbs, inter_node_bw, accumulate, w
     # its r['dtype'].
     f, R = flags(strategy), len(ranks)
     per_node = Counter(r['node'] for r in ranks)
-    # a CPU rank's RAM holds its device bytes and its host bytes
-    used = lambda r, e: e['total'] + (e['host_rank'] if r['device'] == 'cpu' else 0)
+    used = lambda r, e: held(r['device'], e)
     est = lambda r, b, micro_batches=2, s=strategy: estimate(
         cfg, s, b, R, r['dtype'], per_node[r['node']], r['overhead'], r['device'], accumulate,
         micro_batches)

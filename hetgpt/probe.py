@@ -20,6 +20,8 @@ def fit_caps(plan, rank, step, device_type, stated, log, compile, by_speed):
         + ("; then timed micro-batches on every rank to split the batch" if by_speed else ''))
     # as many steps as make the steps that follow: DDP rebuilds its buckets in its second
     steps = 3 if len(plan.caps) > 1 and not plan.shard else 2
+    if plan.frees_host_memory(rank):  # (before the probe: as the steps run)
+        hardware.return_freed_host_memory()
     caps = plan.caps
     while True:  # (this rank's micro-batches at its cap: as many as the plan gives it, up to 2)
         count = min(2, len(planner.resplit(plan, caps).sizes[rank]))

@@ -329,7 +329,8 @@ def test_a_forward_the_trace_cannot_run_is_one_line(monkeypatch, capsys):
 def test_predicted_peak_within_10_percent_of_a_real_cpu_step(strategy, b, variant):
     # float32, one process, fused AdamW: the planner's peak against the resident set's high-water
     # mark over two real steps (tests/peak_step.py), model states included. The allocator is the
-    # one train.py sets (hardware.return_freed_host_memory), not one from the environment.
+    # one train.py sets on a rank near its memory (hardware.return_freed_host_memory), not one
+    # from the environment.
     import json
     import subprocess
     import sys
