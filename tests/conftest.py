@@ -2,7 +2,8 @@
 
 CHECK is the fast tier a researcher runs after an edit (`make check`, docs/testing.md): each kind of
 claim once, at the smallest size that still makes it. Each entry names the claim its test makes;
-`make test` runs these and every other test."""
+`make test` runs these and every other test. bench/check_mutations.py breaks each claim once in a
+copy of the repository and checks that its test fails."""
 import pytest
 
 CHECK = {
@@ -13,8 +14,9 @@ CHECK = {
         'generation: the KV cache against the full forward',
     'test_plan_measured.py::test_activation_bytes_follow_an_edit_to_the_model[policy0-swiglu]':
         "the planner reads an edited model: a variant's saved bytes against a real block's",
-    'test_plan_measured.py::test_flops_and_parameters_follow_an_edit_to_the_model[swiglu]':
-        "the planner reads an edited model: a variant's FLOPs and parameters",
+    'test_plan_measured.py::test_flops_and_parameters_follow_an_edit_to_the_model[wide_mlp]':
+        "the planner reads an edited model: a variant's FLOPs and parameters (a 6× MLP: "
+        "SwiGLU's equal GPT-2's, so it would not tell a planner that ignores the edit)",
     'test_strategies.py::test_strategy_on_two_ranks_matches_one_process[ddp]':
         'DDP on 2 ranks computes one process\'s weights and losses',
     'test_strategies.py::test_strategy_on_two_ranks_matches_one_process[fsdp]':
