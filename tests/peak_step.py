@@ -5,7 +5,8 @@ on a rank near its memory (decision.Plan.frees_host_memory; hardware.return_free
 freed tensors go back to the OS, so that the resident set follows the live tensors).
 usage: python tests/peak_step.py STRATEGY MICRO_BATCH VARIANT [KEY=VALUE ...]  (prints predicted,
 measured bytes). VARIANT: one of test_plan_measured's, or as-is (model.py as it is: an edited copy's,
-tests/test_modern_block.py); KEY=VALUE: the model's shape, over the default below.
+tests/test_modern_block.py); KEY=VALUE: the model's shape, over the default below, or steps=N (2)
+and allocator=glibc (glibc's own, as a rank with room for its slack runs: bench/glibc_slack.py).
 """
 import ast
 import functools
@@ -22,16 +23,18 @@ from hetgpt import hardware  # noqa: E402
 import model  # noqa: E402
 from hetgpt import costs, memory  # noqa: E402
 
-if not hardware.return_freed_host_memory():
-    sys.exit("peak_step.py: no glibc mallopt here: the resident set would not follow live bytes")
 strategy, b, variant = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+extra = dict(a.split('=', 1) for a in sys.argv[4:])
+steps = int(extra.pop('steps', 2))  # (the second holds the optimizer state the first made)
+if extra.pop('allocator', None) != 'glibc' and not hardware.return_freed_host_memory():
+    sys.exit("peak_step.py: no glibc mallopt here: the resident set would not follow live bytes")
 if variant != 'as-is':
     from test_plan_measured import VARIANTS
     for name, cls in VARIANTS[variant].items():
         setattr(model, name, cls)
 torch.set_num_threads(1)
 shape = dict(n_layer=4, n_head=4, n_embd=256, block_size=256, vocab_size=8192, bias=False)
-shape.update((k, ast.literal_eval(v)) for k, v in (a.split('=', 1) for a in sys.argv[4:]))
+shape.update((k, ast.literal_eval(v)) for k, v in extra.items())
 cfg = model.config_from(shape)  # (its fields: an edited model.py may have no bias)
 
 
@@ -67,6 +70,8 @@ base = status('VmRSS')
 open('/proc/self/clear_refs', 'w').write('5')  # resets the peak (VmHWM) to the current RSS
 net = build(cfg)
 optimizer = model.make_optimizer(net, costs.train_knobs())
-for _ in range(2):  # the second step holds the optimizer state the first one made
+peaks = []
+for _ in range(steps):
     step(net, optimizer, idx)
-print(json.dumps({'predicted': predicted, 'measured': status('VmHWM') - base}))
+    peaks.append(status('VmHWM') - base)
+print(json.dumps({'predicted': predicted, 'measured': peaks[-1], 'peaks': peaks}))
