@@ -37,7 +37,7 @@ keep_last = 2          # complete checkpoints kept in out_dir
 wandb_log = False      # online if logged in, else offline; never blocks
 wandb_project = 'hetgpt'
 wandb_run_name = 'run'
-# model: GPTConfig's fields (model.py's defaults, listed below), but bias
+# model: GPTConfig's fields at model.py's defaults (--help lists them), but
 bias = False           # no biases in Linears and LayerNorms, as nanoGPT's
 # optimizer: AdamW, linear warmup then cosine decay to min_lr
 batch_size = 32        # sequences per step, all ranks together
@@ -122,9 +122,9 @@ from hetgpt.balance import Speed
 from hetgpt.group import gather
 from model import GPT, config_from, make_optimizer
 # nanoGPT's character-level data (meta.pkl) sets vocab_size, if not given
-meta = corpus.dataset_vocab(os.path.join('data', dataset))
-if meta and vocab_size == defaults['vocab_size'] and init_from[:4] != 'gpt2':
-    vocab_size = config['vocab_size'] = meta['vocab_size']
+chars = corpus.dataset_vocab(os.path.join('data', dataset))
+if chars and vocab_size == defaults['vocab_size'] and init_from[:4] != 'gpt2':
+    vocab_size = config['vocab_size'] = chars['vocab_size']
 # out_dir writable, locked, not another run's; the checkpoint to resume
 resume_from, saved = rundir.claim(config, rank)
 

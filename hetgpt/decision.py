@@ -59,7 +59,8 @@ class Plan:
         # return_freed_host_memory), so that its RSS follows its live tensors as predicted: on a
         # GPU rank (few host blocks: no cost), and on a CPU rank whose room cannot hold glibc's
         # slack beside its predicted peak. Elsewhere glibc keeps freed blocks for reuse, and a CPU
-        # step runs at glibc's speed (the fixed threshold's fresh pages cost 1.5× a gpt_tiny step).
+        # step runs at glibc's speed (the threshold's fresh pages: 1.31-1.36× a 4 × 256 float32
+        # step, bench/RESULTS.md).
         device = self.ranks[r]['device']
         return device != 'cpu' or held(device, self.predicted[r]) * GLIBC_SLACK > self.room(r)
 
