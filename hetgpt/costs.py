@@ -13,6 +13,7 @@ import math
 import os
 import time
 import weakref
+from collections import Counter
 from dataclasses import replace
 
 import torch
@@ -190,16 +191,20 @@ def _measured(measure, *args):
             f"({oneline(e)}): keep its forward free of data-dependent Python (.item(), numpy)")
 
 
-def activation_bytes(cfg, strategy, dtype):
-    # saved_bytes, and backward_bytes as 'backward', for this config under the dtype policy
-    # train.py uses with this strategy: FSDP2's 16-bit parameters, or DDP's float32 ones under
-    # autocast.
+def policy(strategy, dtype):
+    # (parameter dtype, autocast dtype) as train.py runs this strategy in this compute dtype:
+    # FSDP2's 16-bit parameters, or DDP's float32 ones under autocast
     dtype = str(dtype).replace('torch.', '')
     half = {'bfloat16': torch.bfloat16, 'float16': torch.float16}.get(dtype)
-    policy = (torch.float32, None) if half is None else (half, None) \
+    return (torch.float32, None) if half is None else (half, None) \
         if strategy.startswith('fsdp') else (torch.float32, half)
-    return dict(_measured(saved_bytes, cfg, *policy),
-                backward=_measured(backward_bytes, cfg, *policy))
+
+
+def activation_bytes(cfg, strategy, dtype):
+    # saved_bytes, and backward_bytes as 'backward', for this config under the dtype policy
+    # train.py uses with this strategy
+    return dict(_measured(saved_bytes, cfg, *policy(strategy, dtype)),
+                backward=_measured(backward_bytes, cfg, *policy(strategy, dtype)))
 
 
 def train_knobs():
@@ -252,8 +257,6 @@ def step_bytes(cfg):
     def peak(cfg, layers, fake):
         with FakeTensorMode() if fake else torch.device('cpu'):
             net = network.GPT(replace(cfg, n_layer=layers))
-            for p in net.parameters():
-                p.grad = torch.zeros_like(p)
             optimizers = network.make_optimizer(net, train_knobs())
             for opt in optimizers:  # (the first step makes the state)
                 opt.step()
@@ -360,6 +363,107 @@ def model_flops(cfg):
                 run().sum().backward()
             counted[name] = counter.get_total_flops()
     return counted
+
+
+# The kinds of work of a GPU rank's step, for its clock (hetgpt/clock.py): each matmul's shape,
+# each attention kernel's, and the bytes that every other kernel reads and writes (norms,
+# activations, residual adds, dropout, casts, the loss's softmax, embedding gathers, adding
+# into .grad), recorded op by op on fake tensors as a micro-batch runs them. A view moves
+# nothing; an embedding reads the rows it gathers, not its whole table.
+MATMULS = ('mm', 'addmm', 'bmm', 'baddbmm')
+
+
+class _Work(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.matmuls, self.attention, self.bytes = Counter(), Counter(), 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        op = func._schema.name.split('::')[-1]
+        named = dict(zip((a.name for a in func._schema.arguments), args), **kwargs)
+        if func.namespace != 'aten' or 'empty' in op:
+            return out
+        if op in MATMULS:  # (b×)m×k @ k×n
+            a, b = args[-2], args[-1]
+            batch = a.shape[0] if a.dim() == 3 else 1
+            key = (batch, a.shape[-2], b.shape[-1], a.shape[-1], str(a.dtype)[6:])
+            self.matmuls[key] += 1
+        elif 'scaled_dot_product' in op:
+            q, k = named['query'], named['key']
+            causal = bool(named.get('is_causal')) and named.get('attn_mask') is None
+            key = (*q.shape[:3], k.shape[2], q.shape[3], causal, 'backward' in op,
+                   str(q.dtype)[6:])
+            self.attention[key] += 1
+        elif not self._view(func, args, out):
+            size = lambda x: sum(t.numel() * t.element_size() for t in tree_leaves(x)
+                                 if isinstance(t, torch.Tensor))
+            read = size(out) + size(named['indices']) if op == 'embedding' else \
+                size((args, kwargs))
+            self.bytes += read + size(out)
+        return out
+
+    @staticmethod
+    def _view(func, args, out):
+        # a view of an input (a mutation of one reads and writes it)
+        if func._schema.is_mutable:
+            return False
+        mine = {StorageWeakRef(t.untyped_storage()) for t in tree_leaves(args)
+                if isinstance(t, torch.Tensor)}
+        return all(StorageWeakRef(t.untyped_storage()) in mine for t in tree_leaves(out)
+                   if isinstance(t, torch.Tensor))
+
+
+@functools.lru_cache(maxsize=None)
+def _work(cfg, param_dtype, autocast_dtype, part, micro):
+    # _Work of one part ('block', 'ac': a block under activation checkpointing, recompute
+    # included, or 'rest') for a micro-batch of `micro` sequences, forward and backward; the
+    # loss in the chunks a GPU rank takes (model.LOSS_CHUNK). Cached by shape.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.checkpoint import checkpoint
+    chunks, network.LOSS_CHUNK['cpu'] = network.LOSS_CHUNK['cpu'], network.LOSS_CHUNK['cuda']
+    try:
+        with FakeTensorMode():
+            block, rest = _fake(cfg, param_dtype, rest=True)
+            net = rest if part == 'rest' else block
+            stream = param_dtype if autocast_dtype is None else torch.float32
+            x = torch.empty(micro, cfg.block_size, cfg.n_embd, dtype=stream,
+                            requires_grad=True)
+            idx = torch.zeros(micro, cfg.block_size, dtype=torch.long)
+            run = dict(block=lambda: block(x).sum(), rest=lambda: rest(idx, idx)[1],
+                       ac=lambda: checkpoint(block, x, use_reentrant=False).sum())[part]
+            with torch.autocast('cpu', dtype=autocast_dtype,
+                                enabled=autocast_dtype is not None), _Work() as work:
+                run().backward()
+        return work.matmuls, work.attention, work.bytes
+    finally:
+        network.LOSS_CHUNK['cpu'] = chunks
+
+
+def work(cfg, micro, strategy, dtype, ac=False):
+    # One micro-batch's work on a GPU rank as train.py runs this strategy in this dtype: the
+    # matmuls {(b, m, n, k, dtype): count}, the attention kernels {(batch, heads, q, kv,
+    # head_dim, causal, backward, dtype): count} and the other kernels' bytes, all blocks and
+    # the rest (_work).
+    p = policy(strategy, dtype)
+    block = _measured(_work, cfg, *p, 'ac' if ac else 'block', micro)
+    rest = _measured(_work, cfg, *p, 'rest', micro)
+    scaled = lambda c: Counter({k: cfg.n_layer * n for k, n in c.items()})
+    return dict(matmuls=scaled(block[0]) + rest[0], attention=scaled(block[1]) + rest[1],
+                bytes=cfg.n_layer * block[2] + rest[2])
+
+
+def matmul_shapes(cfg, micro, ac=False, strategy='fsdp', dtype='bfloat16'):
+    # work's matmuls as rows (bench/kernel_rates.py times them on a GPU)
+    return [dict(count=n, b=b, m=m, n=n_, k=k)
+            for (b, m, n_, k, _), n in work(cfg, micro, strategy, dtype, ac)['matmuls'].items()]
+
+
+def attention_shapes(cfg, micro, ac=False, strategy='fsdp', dtype='bfloat16'):
+    names = ('batch', 'heads', 'q', 'kv', 'head_dim', 'causal', 'backward')
+    return [dict(zip(names, key), count=n)
+            for key, n in work(cfg, micro, strategy, dtype, ac)['attention'].items()]
 
 
 def flops_per_sequence(c, ac=False):
