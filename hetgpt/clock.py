@@ -6,24 +6,56 @@ optimizer step, and the collectives (NCCL's rings, gloo), overlapped as DDP and 
 The planner times each strategy with it; train.py then measures each rank's compute (balance.Speed)
 and splits the batch again by that.
 """
+import functools
 import math
 from collections import Counter
 
 from hetgpt.balance import (EXACT, lockstep_count, lockstep_segments, runs, split_shares,
                             weighted_shares)
+from hetgpt import costs
 from hetgpt.costs import counts, flops_per_sequence
 from hetgpt.gpus import GPUS, HOST_BW, HOST_THREAD_BW, UNKNOWN_GPU, peak_flops
+from hetgpt.rates import GEMM_SM90
 from hetgpt.memory import optimizer_state, sharded
 
+# A GPU rank's compute, kind by kind, each at a published micro-benchmark's rate (never a
+# training run's throughput); the probe step then measures the real one.
+# Matmuls: the best BF16 rate a part reaches (TFLOP/s), Stas Bekman's ml-engineering,
+# compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS" (mamf-finder.py, torch
+# 2.5-2.7): A100-SXM 271.2 (86.9% of 312), A100-PCIe 252.9, H100-SXM 794.5 ("H200 is the same"),
+# GH200 828.6. At a given shape, that times the shape's rate over the best in OpenXLA's measured
+# sm_90 table (hetgpt/rates.py): small dimensions run far below the best.
+MAMF = {'A100-80GB': 271.2, 'A100-40GB': 271.2, 'A100-PCIe-80GB': 252.9,
+        'A100-PCIe-40GB': 252.9, 'H100-SXM': 794.5, 'H200': 794.5, 'GH200': 828.6,
+        'GH200-144GB': 828.6}
+# A part without a row: its datasheet's dense peak times 0.8, about the median of that table's
+# NVIDIA rows (A100-SXM 86.9%, GH200 83.8, A100-PCIe 81.1, H100 80.3, B200 77.6, GB200 72.9%)
+MAMF_FALLBACK = 0.8
+# Attention (SDPA: torch 2.11-2.13 runs FlashAttention-2 on Ampere and Hopper), its FLOPs as
+# FlashAttention counts them (costs.attention_flops), a fraction of dense peak (forward,
+# backward): FA2 on A100 up to 73% forward and 63% backward (Dao, arXiv 2307.08691); on H100
+# FA2 reaches 35% (Shah et al., FlashAttention-3, arXiv 2407.08608; pytorch/benchmark#2296
+# measured torch's SDPA forward at 287-304 TFLOP/s, 29-31%, head dimension 128).
+ATTENTION = {'A100-80GB': (0.73, 0.63), 'A100-40GB': (0.73, 0.63),
+             'A100-PCIe-80GB': (0.73, 0.63), 'A100-PCIe-40GB': (0.73, 0.63),
+             'H100-SXM': (0.35, 0.35), 'H100-PCIe': (0.35, 0.35), 'H200': (0.35, 0.35),
+             'H200-NVL': (0.35, 0.35), 'GH200': (0.35, 0.35), 'GH200-144GB': (0.35, 0.35)}
+ATTENTION_FALLBACK = (0.35, 0.35)  # a part without a row: the lower, Hopper's
+# Every other kernel (norms, activations, residual adds, dropout, casts, the loss's softmax,
+# embedding gathers, the optimizer): bytes moved at this fraction of HBM's datasheet bandwidth,
+# what a streaming kernel reaches (cub's BabelStream triad: 87-88% of DRAM peak, NVIDIA/cccl#9881)
+HBM_EFFICIENCY = 0.87
+# Rows beyond which a matmul's rate is the table's edge (4 × 4096): the clock runs a micro-batch
+# of at most that many tokens and scales its counts (costs.work's fake run then stays cheap)
+ROWS = 16384
+
 # Guesses that a probe step replaces; each is what the dry run assumes.
-EFFICIENCY = 0.5       # matmul FLOPs / dense peak: nanoGPT ~0.4-0.5 MFU on A100, Megatron-LM ~0.5
 LINK_EFFICIENCY = 0.7  # NCCL bus bandwidth / link's nominal (nccl-tests: ~230 of 300 GB/s, NVLink)
 NIC_EFFICIENCY = 0.93  # NCCL bus bandwidth / NIC line rate: 46-48 of 50 GB/s per NDR 400 Gb/s NIC
                        # (NVIDIA on nccl-tests#290 and #267)
 COLLECTIVE_S = 50e-6   # one NCCL collective's start-up: a 4-byte all-reduce over 2 nodes of 8 GPUs
                        # takes 47 us (nccl#1244); it bounds what small messages cost
 PCIE_EFFICIENCY = 0.7  # pinned copies / PCIe nominal (A100 H2D 25 of 31.5, H100 35-53 of 63 GB/s)
-HBM_EFFICIENCY = 0.7   # fused AdamW's streaming / HBM peak
 HOST_ADAM_BW = 100e9   # bytes/s per node of the CPU's optimizer step where nothing says (a guess)
 LAUNCH_S = 1e-4        # seconds per layer per micro-batch (forward + backward kernel launches)
 FSDP_GROUP_S = 2e-4    # seconds per FSDP group per micro-batch: hooks, copy-in/copy-out
@@ -40,13 +72,105 @@ def peak(rank, dtype):
     return peak_flops(rank['gpu'], dtype) if rank['device'] == 'cuda' else None
 
 
-def rate(rank):  # FLOP/s of a rank computing in its r['dtype']
-    return CPU_FLOPS if rank['device'] == 'cpu' else \
-        (peak(rank, rank['dtype']) or _dev(rank)['bf16'] * 1e12) * EFFICIENCY
+def _peak(gpu, dtype):
+    return peak_flops(gpu, dtype) or UNKNOWN_GPU['bf16'] * 1e12
+
+
+def _log_interp(grid, x):
+    # (index, weight of the next) of x in an ascending grid, in log space, clamped to its ends
+    x = min(max(x, grid[0]), grid[-1])
+    i = max(j for j in range(len(grid)) if grid[j] <= x)
+    if i == len(grid) - 1:
+        return i - 1, 1.0
+    return i, math.log(x / grid[i]) / math.log(grid[i + 1] / grid[i])
+
+
+def shape_rate(b, m, n, k):
+    # The sm_90 table's TFLOP/s at (b×) m×k @ k×n, interpolated (log-linear in each of rows
+    # b·m, n and k) and clamped to its edges, over the table's best. An n or k beyond the table
+    # is more products of the table's largest as a batch: n/4096 column blocks, or k/4096
+    # slices summed (split-K, as cuBLAS runs a long inner dimension), more rows.
+    dims, table = GEMM_SM90['dims'], GEMM_SM90['tflops']
+    rows = b * m * max(1, n / dims[-1]) * max(1, k / dims[-1])
+    picks = [_log_interp(GEMM_SM90['rows'], rows), _log_interp(dims, n), _log_interp(dims, k)]
+    out = 0.0
+    for corner in range(8):
+        w, at = 1.0, []
+        for axis, (i, t) in enumerate(picks):
+            up = corner >> axis & 1
+            w *= t if up else 1 - t
+            at.append(i + up)
+        out += w * table[at[0]][at[1]][at[2]] if w else 0.0
+    return out / GEMM_SM90['best']
+
+
+def matmul_seconds(gpu, dtype, b, m, n, k):
+    # One (b×) m×k @ k×n on this GPU in this dtype: its part's best (MAMF, else the fallback)
+    # in the dtype's tensor-core rate, at the shape's share of the best (shape_rate)
+    best = MAMF[gpu] * 1e12 * _peak(gpu, dtype) / _peak(gpu, 'bfloat16') if gpu in MAMF \
+        else MAMF_FALLBACK * _peak(gpu, dtype)
+    return 2 * b * m * n * k / (best * shape_rate(b, m, n, k))
+
+
+def attention_seconds(gpu, dtype, batch, heads, q, kv, head_dim, causal, backward):
+    forward, back = ATTENTION.get(gpu, ATTENTION_FALLBACK)
+    flops = costs.attention_flops(batch, heads, q, kv, head_dim, causal, backward)
+    return flops / ((back if backward else forward) * _peak(gpu, dtype))
+
+
+def memory_seconds(gpu, nbytes):
+    return nbytes / (_dev(dict(gpu=gpu))['hbm'] * 1e9 * HBM_EFFICIENCY)
+
+
+def said(ranks):
+    # How the plan timed each kind of GPU in it: a published row, or the stated fallback
+    out = []
+    for gpu in dict.fromkeys(r['gpu'] for r in ranks if r['device'] == 'cuda'):
+        mm = f"matmuls {MAMF[gpu]:g} TFLOP/s at best" if gpu in MAMF else \
+            f"matmuls at {MAMF_FALLBACK:.0%} of peak (no MAMF row)"
+        att = ATTENTION.get(gpu)
+        att = f"attention {att[0]:.0%}/{att[1]:.0%}" if att else \
+            f"attention at {ATTENTION_FALLBACK[0]:.0%} of peak (no row)"
+        out.append(f"{gpu or 'GPU'} {mm}, {att}")
+    return '; '.join(out + [f"memory at {HBM_EFFICIENCY:.0%} of HBM"]) if out else \
+        f"CPU at {CPU_FLOPS:.3g} FLOP/s"
 
 
 def launches(cfg, shard):  # c0: a micro-batch's seconds whatever its size (FSDP: its hooks too)
     return cfg.n_layer * LAUNCH_S + ((cfg.n_layer + 1) * FSDP_GROUP_S if shard else 0.0)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernels(cfg, gpu, dtype, shard, ac, micro):
+    # Seconds of a GPU's kernels (matmuls, attention, the rest by bytes) in one micro-batch of
+    # `micro` sequences: run (costs.work) at up to ROWS tokens and scaled, the bytes affine in
+    # the micro-batch (from 1 and 2 sequences: the weights' casts and gradients are per
+    # micro-batch, the activations' per sequence)
+    strategy = 'fsdp' if shard else 'ddp'
+    ran = min(micro, max(1, math.ceil(ROWS / cfg.block_size)))
+    w = costs.work(cfg, ran, strategy, dtype, ac)
+    mm = sum(c * matmul_seconds(gpu, dtype, *key[:4]) for key, c in w['matmuls'].items())
+    att = sum(c * attention_seconds(gpu, dtype, *key[:7]) for key, c in w['attention'].items())
+    one, two = (costs.work(cfg, x, strategy, dtype, ac)['bytes'] for x in (1, 2))
+    return dict(matmuls=mm * micro / ran, attention=att * micro / ran,
+                memory=memory_seconds(gpu, one + (two - one) * (micro - 1)))
+
+
+def compute(cfg, rank, ac, shard, micro):
+    # (c0, c1) of a rank at micro-batches of `micro` sequences: a micro-batch takes c0 + c1 ×
+    # its size (balance.py splits by them). A GPU: its kernels by kind (_kernels), c1 their
+    # seconds per sequence at this size; a CPU: its FLOPs at CPU_FLOPS.
+    c0 = launches(cfg, shard)
+    if rank['device'] == 'cpu':
+        return c0, flops_per_sequence(cfg, ac) / CPU_FLOPS
+    gpu = rank['gpu'] if rank['gpu'] in GPUS else None
+    micro = max(micro, 1)
+    return c0, sum(_kernels(cfg, gpu, rank['dtype'], shard, ac, micro).values()) / micro
+
+
+def per_sequence(cfg, rank, ac, shard, micro):  # seconds per sequence at this micro-batch
+    c0, c1 = compute(cfg, rank, ac, shard, micro)
+    return c1 + c0 / max(micro, 1)
 
 
 def bandwidth(ranks, inter_node_bw):
@@ -121,9 +245,9 @@ def step(cfg, batch, ranks, f, caps, ac, accumulate, weights=None, inter_node_bw
     # (balance.runs: at most two), timed in closed form. Returns (seconds, shares, runs).
     R, n = len(ranks), counts(cfg)
     per_node = Counter(r['node'] for r in ranks)
-    # Compute: FLOPs at peak × EFFICIENCY per sequence, plus launches per micro-batch.
-    c0 = [launches(cfg, f['shard'])] * R
-    c1 = [flops_per_sequence(cfg, a) / rate(r) for r, a in zip(ranks, ac)]
+    # Compute: each rank's kernels at its micro-batch cap, plus launches per micro-batch.
+    c0, c1 = zip(*(compute(cfg, r, a, f['shard'], m) for r, a, m in zip(ranks, ac, caps)))
+    c0, c1 = list(c0), list(c1)
     mine = n['total'] if not f['shard'] else \
         sharded(n['block_shapes'], R) * cfg.n_layer + sharded(n['root_shapes'], R)
     # Optimizer step: fused AdamW, memory bound, on the device; on the host under offload (or for

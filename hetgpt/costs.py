@@ -257,6 +257,8 @@ def step_bytes(cfg):
     def peak(cfg, layers, fake):
         with FakeTensorMode() if fake else torch.device('cpu'):
             net = network.GPT(replace(cfg, n_layer=layers))
+            for p in net.parameters():
+                p.grad = torch.zeros_like(p)
             optimizers = network.make_optimizer(net, train_knobs())
             for opt in optimizers:  # (the first step makes the state)
                 opt.step()
@@ -369,8 +371,11 @@ def model_flops(cfg):
 # each attention kernel's, and the bytes that every other kernel reads and writes (norms,
 # activations, residual adds, dropout, casts, the loss's softmax, embedding gathers, adding
 # into .grad), recorded op by op on fake tensors as a micro-batch runs them. A view moves
-# nothing; an embedding reads the rows it gathers, not its whole table.
+# nothing; an embedding reads the rows it gathers, not its whole table (GATHERS likewise).
 MATMULS = ('mm', 'addmm', 'bmm', 'baddbmm')
+# ops that read only the entries their index names (the loss's pick of each target's
+# log-probability, and its gradient's scatter), not the whole tensor they are given
+GATHERS = ('nll_loss_forward', 'nll_loss_backward')
 
 
 class _Work(TorchDispatchMode):
@@ -399,8 +404,9 @@ class _Work(TorchDispatchMode):
         elif not self._view(func, args, out):
             size = lambda x: sum(t.numel() * t.element_size() for t in tree_leaves(x)
                                  if isinstance(t, torch.Tensor))
-            read = size(out) + size(named['indices']) if op == 'embedding' else \
-                size((args, kwargs))
+            index = named.get('indices', named.get('target'))
+            read = size(out) + size(index) if op == 'embedding' else size(index) \
+                if op in GATHERS else size((args, kwargs))
             self.bytes += read + size(out)
         return out
 
@@ -452,6 +458,14 @@ def work(cfg, micro, strategy, dtype, ac=False):
     scaled = lambda c: Counter({k: cfg.n_layer * n for k, n in c.items()})
     return dict(matmuls=scaled(block[0]) + rest[0], attention=scaled(block[1]) + rest[1],
                 bytes=cfg.n_layer * block[2] + rest[2])
+
+
+def attention_flops(batch, heads, q, kv, head_dim, causal, backward):
+    # An attention kernel's FLOPs as FlashAttention counts them (arXiv 2307.08691, its
+    # benchmarks): the two products, 4·q·kv·head_dim per head, half that when causal, the
+    # backward 2.5 times the forward
+    f = 4 * batch * heads * q * kv * head_dim * (0.5 if causal else 1.0)
+    return f * (2.5 if backward else 1.0)
 
 
 def matmul_shapes(cfg, micro, ac=False, strategy='fsdp', dtype='bfloat16'):

@@ -121,8 +121,8 @@ class Plan:
             out.append(f"predicted: step {self.step_time:.3g} s, "
                        f"{self.tokens_per_sec:,.0f} tokens/s"
                        + (f", MFU {self.mfu:.0%}" if self.mfu else '')
-                       + f" (matmuls at {clock.EFFICIENCY:.0%} of dense peak, links at "
-                       f"{clock.LINK_EFFICIENCY:.0%}, NICs at {clock.NIC_EFFICIENCY:.0%})")
+                       + f" (kernels at published rates: {clock.said(self.ranks)}; links "
+                       f"at {clock.LINK_EFFICIENCY:.0%}, NICs at {clock.NIC_EFFICIENCY:.0%})")
         if len(self.dtype_steps) > 1:  # FSDP gathers one dtype: the faster of the ranks' own
             out.append(f"dtype: {self.dtype} on every rank (FSDP gathers the weights in one "
                        f"dtype), the fastest of: " + ' | '.join(

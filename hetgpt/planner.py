@@ -122,8 +122,7 @@ def _evaluate_one(cfg, batch, ranks, strategy, mbs, inter_node_bw, accumulate, w
     if not (result['device_ok'] and host_ok):
         return result
     # Time (clock.py). Under DDP+AC a rank checkpoints if its seconds per sequence are fewer.
-    per_sequence = lambda r, ac, cap: flops_per_sequence(cfg, ac) / clock.rate(r) + \
-        clock.launches(cfg, f['shard']) / cap
+    per_sequence = lambda r, ac, cap: clock.per_sequence(cfg, r, ac, f['shard'], cap)
     ac = [f['ac']] * R
     if f['ac'] and not f['shard'] and choose:
         plain = [cap(r, 'ddp') for r in ranks]
