@@ -143,17 +143,36 @@ def launches(cfg, shard):  # c0: a micro-batch's seconds whatever its size (FSDP
 @functools.lru_cache(maxsize=None)
 def _kernels(cfg, gpu, dtype, shard, ac, micro):
     # Seconds of a GPU's kernels (matmuls, attention, the rest by bytes) in one micro-batch of
-    # `micro` sequences: run (costs.work) at up to ROWS tokens and scaled, the bytes affine in
-    # the micro-batch (from 1 and 2 sequences: the weights' casts and gradients are per
-    # micro-batch, the activations' per sequence)
+    # `micro` sequences: run (costs.work) at up to ROWS tokens and grown to micro (_grown; the
+    # bytes affine in the micro-batch beyond)
     strategy = 'fsdp' if shard else 'ddp'
     ran = min(micro, max(1, math.ceil(ROWS / cfg.block_size)))
+    n = counts(cfg)  # (run at a token count no weight or loss chunk has: _grown finds it)
+    taken = {d for s in n['block_shapes'] + n['root_shapes'] for d in s}
+    while ran < micro and ran * cfg.block_size in taken | set(costs.network.LOSS_CHUNK['cuda']):
+        ran += 1
     w = costs.work(cfg, ran, strategy, dtype, ac)
-    mm = sum(c * matmul_seconds(gpu, dtype, *key[:4]) for key, c in w['matmuls'].items())
+    mm = sum(c * _grown(key[:4], ran, micro, cfg.block_size, gpu, dtype)
+             for key, c in w['matmuls'].items())
     att = sum(c * attention_seconds(gpu, dtype, *key[:7]) for key, c in w['attention'].items())
-    one, two = (costs.work(cfg, x, strategy, dtype, ac)['bytes'] for x in (1, 2))
-    return dict(matmuls=mm * micro / ran, attention=att * micro / ran,
-                memory=memory_seconds(gpu, one + (two - one) * (micro - 1)))
+    nbytes = w['bytes']
+    if micro > ran:  # affine beyond: the weights' casts and gradients once, the rest per sequence
+        other = ran // 2 or 2
+        at = costs.work(cfg, other, strategy, dtype, ac)['bytes']
+        nbytes += (nbytes - at) / (ran - other) * (micro - ran)
+    return dict(matmuls=mm, attention=att * micro / ran, memory=memory_seconds(gpu, nbytes))
+
+
+def _grown(shape, ran, micro, block_size, gpu, dtype):
+    # Seconds of a matmul recorded at `ran` sequences as it runs at `micro`: its rows or its
+    # inner dimension (the weights' gradients) that are ran's tokens grow to micro's; any other
+    # (the loss's chunks, a batched product) runs micro / ran times as often.
+    b, m, n, k = shape
+    tokens, more = ran * block_size, micro / ran
+    if m == tokens or k == tokens:
+        m, k = (micro * block_size if x == tokens else x for x in (m, k))
+        return matmul_seconds(gpu, dtype, b, m, n, k)
+    return more * matmul_seconds(gpu, dtype, b, m, n, k)
 
 
 def compute(cfg, rank, ac, shard, micro):
