@@ -25,14 +25,25 @@ LLAMA3_8B = GPTConfig(n_layer=35, n_embd=4096, n_head=32, vocab_size=128256, blo
 GPT2_124M = GPTConfig(n_layer=12, n_embd=768, n_head=12, vocab_size=50304, block_size=1024, bias=True)
 TORCHTITAN = ("pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md, table 1: 8 H100 (Grand Teton, "
               "96 GB HBM2e at 500 W), FSDP, bf16, selective activation checkpointing, local batch 2, seq 8192")
+GPT2_350M = GPTConfig(n_layer=24, n_embd=1024, n_head=16, vocab_size=50304, block_size=1024, bias=True)
+GPT2_1558M = GPTConfig(n_layer=48, n_embd=1600, n_head=25, vocab_size=50304, block_size=1024, bias=True)
 LLMC = ("karpathy/llm.c scripts/run_gpt2_124M.sh: 'steps in ~300ms/iter' of 524,288 tokens on 8 A100 80GB SXM, "
         "bf16, cuDNN attention, no recompute, ZeRO-1, micro-batch 64 × 1024 per GPU")
+LLMC_350M = ("karpathy/llm.c scripts/run_gpt2_350M.sh: 'steps in ~820ms/iter' of 524,288 tokens on 8 A100 80GB "
+             "SXM, bf16, cuDNN, no recompute (-r 0), ZeRO-1 (-z 1), micro-batch 64 × 1024 (-b 64)")
+LLMC_1558M = ("karpathy/llm.c scripts/run_gpt2_1558M.sh: 'steps in 2.80s/iter' of 1,048,576 tokens on 8 H100 80GB "
+              "SXM, bf16, cuDNN, no recompute (-r 0), ZeRO-1 (-z 1), micro-batch 16 × 1024 (-b 16)")
 
-# (what, source, config, GPUs, global batch in sequences, plan, published tokens/s for all GPUs)
+# (what, source, config, GPUs, global batch in sequences, plan, micro-batch, published tokens/s
+# for all GPUs). llm.c's ZeRO-1 (optimizer state sharded, weights and gradients whole) is
+# planned as ddp: the same compute and all-reduce volume.
 PUBLISHED = [
-    ('torchtitan Llama 3.1 8B, eager', TORCHTITAN, LLAMA3_8B, ('H100-SXM', 8), 16, 'fsdp+ac', 8 * 5762),
-    ('torchtitan Llama 3.1 8B, torch.compile', TORCHTITAN, LLAMA3_8B, ('H100-SXM', 8), 16, 'fsdp+ac', 8 * 6667),
-    ('llm.c GPT-2 124M', LLMC, GPT2_124M, ('A100-80GB', 8), 512, 'ddp', 524288 / 0.300),
+    ('torchtitan Llama 3.1 8B, eager', TORCHTITAN, LLAMA3_8B, ('H100-SXM', 8), 16, 'fsdp+ac', 2, 8 * 5762),
+    ('torchtitan Llama 3.1 8B, torch.compile', TORCHTITAN, LLAMA3_8B, ('H100-SXM', 8), 16, 'fsdp+ac', 2,
+     8 * 6667),
+    ('llm.c GPT-2 124M', LLMC, GPT2_124M, ('A100-80GB', 8), 512, 'ddp', 64, 524288 / 0.300),
+    ('llm.c GPT-2 350M', LLMC_350M, GPT2_350M, ('A100-80GB', 8), 512, 'ddp', 64, 524288 / 0.820),
+    ('llm.c GPT-2 1558M', LLMC_1558M, GPT2_1558M, ('H100-SXM', 8), 1024, 'ddp', 16, 1048576 / 2.80),
 ]
 
 
@@ -79,14 +90,14 @@ def kinds(cfg, gpu, shard, ac, micro):
 
 def compare():
     rows = []
-    for what, source, cfg, (gpu, n), batch, strategy, published in PUBLISHED:
+    for what, source, cfg, (gpu, n), batch, strategy, micro, published in PUBLISHED:
         ranks = [dict(device='cuda', gpu=gpu, node=0) for _ in range(n)]
-        p = planner.make_plan(cfg, batch, ranks, plan=strategy)
+        p = planner.make_plan(cfg, batch, ranks, plan=strategy, micro_batch_size=micro)
         auto = planner.make_plan(cfg, batch, ranks)
         rows.append(dict(what=what, source=source, gpus=f"{n}×{gpu}", strategy=strategy, published=published,
                          predicted=p.tokens_per_sec, ratio=p.tokens_per_sec / published,
                          auto=f"{auto.strategy} {auto.tokens_per_sec:,.0f}",
-                         kinds=kinds(cfg, gpu, 'fsdp' in strategy, '+ac' in strategy, batch // n)))
+                         kinds=kinds(cfg, gpu, 'fsdp' in strategy, '+ac' in strategy, micro)))
     return rows
 
 

@@ -511,13 +511,13 @@ def test_published_runs_are_at_most_the_kernels_rates():
     # Every published run (bench/published.py) against the planner: kernels at their
     # micro-benchmark rates are an upper bound for PyTorch's eager and compiled runs
     # (torchtitan, MPT: 1.2-1.7x published, the gap no published micro-benchmark explains);
-    # llm.c's fused kernels (one for the loss, one for LayerNorm with the residual) move fewer
-    # bytes than eager PyTorch, so its run is faster than predicted, by under 25%.
+    # llm.c's own kernels (cuDNN attention, the loss fused in one pass, LayerNorm with the
+    # residual) reach them: its three runs within 25%.
     sys.path.insert(0, str(ROOT / 'bench'))
     import published
     for r in published.compare() + published.compare_mpt():
-        low = 0.75 if r['what'].startswith('llm.c') else 1.0
-        assert low <= r['ratio'] <= 1.8, r
+        low, high = (0.75, 1.25) if r['what'].startswith('llm.c') else (1.0, 1.8)
+        assert low <= r['ratio'] <= high, r
 
 
 @pytest.mark.parametrize('path', sorted((ROOT / 'configs').glob('*.py')), ids=lambda p: p.stem)
