@@ -7,12 +7,18 @@ The GPU checks, as one command for one H100/H200-class GPU, ending inside 540 s 
      against measured step time and host memory;
   3. the largest configs/ model that this GPU and host train, as plan.py says (when it is 1.3B, the
      row of 4's compiled 1.3B run);
-  4. tokens/s and MFU of 124M and 1.3B (bf16, torch.compile), steady state after warm-up.
+  4. tokens/s and MFU of 124M and 1.3B (bf16, torch.compile), steady state after warm-up;
+  5. the clock's kernels (bench/kernel_rates.py, at most 30 s): every matmul shape and attention
+     kernel of a 1.3B micro-batch as the planner records them, timed on this GPU, against the
+     seconds the clock gives each at its published rate; and a streaming copy against its HBM rate;
+  6. float16 with loss scaling (124M, eager), with a checkpoint at step 2 and 4; then the run
+     resumed from step 2 on CUDA, its losses at steps 3 and 4 against the first run's.
 Each run is train.py through bench/throughput.py (random tokens, no checkpoint on disk), weights
 first made on the meta device (never a whole model on the host), with its own time limit. The
 compiled runs come last and take what the eager ones leave (their first compile: 60-120 s each).
-Time limits (LIMITS): each memory run 30 s, offload 90 s, the largest config (when not 1.3B) 60 s,
-124M compiled 150 s, 1.3B compiled the rest up to 200 s; a run with too little left is skipped.
+Time limits (LIMITS): each memory run 30 s, the kernels 40 s, each float16 run 45 s, offload 90 s,
+the largest config (when not 1.3B) 60 s, 124M compiled 120 s, 1.3B compiled the rest up to 200 s;
+a run with too little left is skipped.
 
 Host memory, for this script's own planning (3, and 2's shape): HETGPT_HOST_MEM_GIB when set, else
 MemTotal. The runs inherit the variable (train.py plans with it instead of MemAvailable). The GPU
@@ -39,6 +45,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -63,12 +70,12 @@ BUDGET_S = 540
 END_S = 15  # of the budget, kept for the shell's checks before and the summary after
 # (cap, floor) seconds per check, by label prefix: a run's limit is its cap, or what is left of
 # the budget if less; with less than its floor left it is skipped. Eager runs on the GPU take about
-# 15-20 s each (start-up, plan, probe, 2 steps). Worst case, every run before it at its cap
-# (6 × 30 + 90 + 150 = 420 s), the 1.3B compile still gets 525 - 420 - ~5 (start) = ~100 s, over
-# its floor; expected (eager ~20 s, offload ~60, 124M ~120), its whole cap. The largest config
-# runs (eagerly, 60 s more) only when it is not 1.3B.
-LIMITS = {'mem': (30, 15), 'offload': (90, 45), 'largest': (60, 30), '124M compile': (150, 75),
-          '1.3B compile': (200, 90)}
+# 15-20 s each (start-up, plan, probe, 2 steps). Expected (eager ~20 s each, kernels ~15,
+# offload ~60, 124M ~100), the 1.3B compile gets 525 - 355 = ~170 s; worst case, every run before
+# it at its cap (6 × 30 + 40 + 2 × 45 + 90 + 120 = 520 s), it is skipped (FAILED) and the rows
+# before it stand. The largest config runs (eagerly, 60 s more) only when it is not 1.3B.
+LIMITS = {'mem': (30, 15), 'kernels': (40, 15), 'fp16': (45, 20), 'offload': (90, 45),
+          'largest': (60, 30), '124M compile': (120, 60), '1.3B compile': (200, 90)}
 DRY_LIMITS = (120, 5)  # tiny and eager, on a loaded 2-core machine
 PLAN_WAIT_S = 60  # for plan_ahead, at most, when the offload run needs it (it runs from the start)
 MICRO_BATCHES = (4, 16)  # 1.3B on an H200: ddp fits up to about 27
@@ -165,7 +172,7 @@ def md_row(r):
 def json_row(r):
     # The .jsonl row of a run: what the .md row shows and the whole plan row (no output: the log has it)
     keep = ('label', 'args', 'note', 'limit_s', 'wall', 'tokens_per_sec', 'mfu', 'mem_gib',
-            'reserved_gib', 'host_gib', 'steps', 'plan', 'error')
+            'reserved_gib', 'host_gib', 'steps', 'plan', 'kernels', 'losses', 'error')
     return json.dumps(dict(failed='error' in r, **{k: r[k] for k in keep if k in r}))
 
 
@@ -212,7 +219,7 @@ def options(argv):
         die(f"--micro_batches {a.micro_batches}: give integers > 0, e.g. 4,16")
     a.micro_batches = mbs
     labels = [f'mem {s} mb{mb}' for s in STRATEGIES for mb in a.micro_batches] + [
-        'offload', 'largest', '124M compile', '1.3B compile']
+        'kernels', 'fp16 save', 'fp16 resume', 'offload', 'largest', '124M compile', '1.3B compile']
     known = lambda p: p.startswith('largest') or any(x.startswith(p) for x in labels)
     a.only = [p.strip() for p in a.only.split(',') if p.strip()]
     limits = {}
@@ -257,29 +264,81 @@ class Check:
         self.results.append(row)
         return row
 
-    def run(self, label, args, steps, warmup, batch, note=''):
-        # train.py through measure(), within its limit; batch: the dry run's batch_size
+    def limit(self, label):
+        # (the run's limit in seconds, None when too little of the budget is left: then recorded
+        # as skipped)
         cap, floor = DRY_LIMITS if self.dry else next(v for k, v in LIMITS.items() if label.startswith(k))
         cap = next((s for k, s in self.a.limits.items() if label.startswith(k)), cap)
         left = self.deadline - time.time()
-        row = dict(label=label, args=' '.join(args), note=note)
         if left < min(floor, cap):
             self.write('log', f"\n{'=' * 30} {label}: skipped, {max(0, left):.0f} s of the budget left\n")
-            return self.record(dict(row, error=f"skipped: {max(0, left):.0f} s of the budget left"))
-        if self.dry:  # the same runs with a tiny model on the CPU (overrides come last, so they win)
-            steps, warmup, args = 1, 1, args + TINY + [f'--batch_size={batch}']
-        row.update(args=' '.join(args), limit_s=round(min(cap, left)))
-        print(f"== {label}: limit {row['limit_s']} s", flush=True)
-        self.write('log', f"\n{'=' * 30} {label}: limit {row['limit_s']} s, "
+            return None, f"skipped: {max(0, left):.0f} s of the budget left"
+        print(f"== {label}: limit {round(min(cap, left))} s", flush=True)
+        self.write('log', f"\n{'=' * 30} {label}: limit {round(min(cap, left))} s, "
                           f"{time.time() - self.t_start:.0f} s into the check\n")
+        return round(min(cap, left)), None
+
+    def run(self, label, args, steps, warmup, batch, note='', work=None, then=(), dry_steps=(1, 1),
+            check=None):
+        # train.py through measure(), within its limit; batch and dry_steps: the dry run's
+        # batch_size, steps and warm-up; work and then: measure's (a folder kept for a resume,
+        # arguments after its own); check(row): what the row says of the run, before it is recorded
+        row = dict(label=label, args=' '.join(args), note=note)
+        if self.dry:  # the same runs with a tiny model on the CPU (overrides come last, so they win)
+            (steps, warmup), args = dry_steps, args + TINY + [f'--batch_size={batch}']
+        limit, skipped = self.limit(label)
+        if skipped:
+            return self.record(dict(row, error=skipped))
+        row.update(args=' '.join(args), limit_s=limit)
         with tempfile.TemporaryDirectory() as tmp:
             log = os.path.join(tmp, 'log')
-            row.update(measure(args, steps=steps, warmup=warmup, timeout=row['limit_s'], log_path=log))
+            row.update(measure(args, steps=steps, warmup=warmup, timeout=limit, log_path=log,
+                               work=work, then=then))
             self.write('log', open(log).read() if os.path.exists(log) else '(no output)\n')
         self.write('log', f"{'-' * 30} {label}: {'FAILED: ' + row['error'] if 'error' in row else 'ok'}, "
                           f"{row['wall']:.0f} s\n")
         if 'error' in row:
             print('\n'.join(row.get('tail', '').splitlines()[-8:]), flush=True)
+        elif check:
+            row.update(check(row))
+        return self.record(row)
+
+    def kernels(self):
+        # bench/kernel_rates.py on 1.3B's shapes (a tiny model's on the CPU), in a process of its
+        # own (it holds a CUDA context), its summary as a row: tokens/s of the micro-batch's kernels
+        # measured and predicted; the ratio of each kind in the note
+        model = ['--n_layer=2', '--n_head=2', '--n_embd=64', '--block_size=64', '--device=cpu'] \
+            if self.dry else []
+        limit, skipped = self.limit('kernels')
+        args = [sys.executable, os.path.join(ROOT, 'bench', 'kernel_rates.py'), 'configs/gpt_1p3b.py',
+                *model]
+        row = dict(label='kernels', args=' '.join(args[1:]), note='')
+        if skipped:
+            return self.record(dict(row, error=skipped))
+        args.append(f'--budget={min(20, max(5, limit - 10))}')  # (start-up and plan: ~10 s)
+        t0 = time.time()
+        try:
+            p = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=limit)
+            out = p.stdout + ('\n--- stderr\n' + p.stderr if p.stderr else '')
+            k = json.loads(p.stdout.splitlines()[-1]) if p.returncode == 0 else None
+            error = None if k else f"exit code {p.returncode}: " + \
+                (p.stderr.strip().splitlines() or ['no output'])[-1]
+        except subprocess.TimeoutExpired as e:
+            out, k, error = (e.stdout or b'').decode(errors='replace'), None, f"timed out after {limit} s"
+        row['wall'] = time.time() - t0
+        self.write('log', ' '.join(args) + '\n' + out + f"\n{'-' * 30} kernels: "
+                          f"{'FAILED: ' + error if error else 'ok'}, {row['wall']:.0f} s\n")
+        if error:
+            return self.record(dict(row, error=error))
+        said = '; '.join(f"{kind} {v['ratio']:.2f}×" + (f" ({v['untimed']} shapes untimed)"
+                                                       if v.get('untimed') else '')
+                         for kind, v in k['kinds'].items() if v['ratio'] is not None)
+        row.update(tokens_per_sec=k['measured_tokens_per_sec'], mfu=None, mem_gib=None,
+                   reserved_gib=None, host_gib=None, kernels=k['kinds'],
+                   plan=dict(plan=k['strategy'] + ('+ac' if k['ac'] and '+ac' not in k['strategy'] else ''),
+                             micro_batch=k['micro'], pred_tokens_per_sec=k['predicted_tokens_per_sec']),
+                   note=f"measured / predicted seconds, {k['dtype']}: {said}; copy at "
+                        f"{k['kinds']['memory']['copy_gbs']:,.0f} GB/s")
         return self.record(row)
 
     def plan_ahead(self, gpu, host):
@@ -367,6 +426,12 @@ def sequence(c, host):
                 c.run(f'mem {strategy} mb{mb}', ['configs/gpt_1p3b.py', f'--plan={strategy}', '--compile=False',
                                                 f'--micro_batch_size={mb}', f'--batch_size={mb}',
                                                 '--init_device=meta'], 1, 1, mb)
+    # 5. the clock's kernels against this GPU's
+    if c.wanted('kernels'):
+        c.kernels()
+    # 6. float16 with loss scaling, a checkpoint, and a resume from it on CUDA
+    if c.wanted('fp16'):
+        float16(c)
     # 2. CPU offload: a shape from the host memory; predicted against measured step time and host memory
     if c.wanted('offload'):
         planned = c.ahead_result()
@@ -403,6 +468,55 @@ def sequence(c, host):
         if reuse:
             c.record(dict(done, label=f'largest: {os.path.basename(biggest)}',
                           note='the same run as 1.3B compile'))
+
+
+RESUME_TOLERANCE = 1e-2  # of the loss: a resumed run's steps against the run that went on
+
+
+def float16(c):
+    # 124M in float16 (its gradients scaled: optim.scaler), eager, 4 steps with a checkpoint at
+    # steps 2 and 4; then the step-4 checkpoint removed (a run stopped at step 2) and the run
+    # resumed from step 2. Steps 3 and 4 of both runs should match: the same batches, weights and
+    # optimizer state. Not bit for bit on a GPU (FlashAttention's backward adds in a free order):
+    # within RESUME_TOLERANCE of the loss, an allowance far above a float16 step's rounding.
+    args = ['configs/gpt2_124m.py', '--dtype=float16', '--compile=False', '--batch_size=8',
+            '--init_device=meta']
+    with tempfile.TemporaryDirectory() as work:
+        first = c.run('fp16 save', args, 2, 2, 2, work=work, then=['--checkpoint_interval=2'],
+                      dry_steps=(2, 2), check=lambda row: saved(work, row))
+        if not c.wanted('fp16 resume'):
+            return
+        if 'error' in first:
+            return c.record(dict(label='fp16 resume', args='', note='',
+                                 error='no checkpoint: fp16 save failed'))
+        shutil.rmtree(os.path.join(work, 'out', 'ckpt_00000004'), ignore_errors=True)
+        c.run('fp16 resume', args, 2, 2, 2, work=work, then=['--init_from=resume'],
+              dry_steps=(2, 2), check=lambda row: resumed(first['losses'], row))
+
+
+def saved(work, row):
+    # the float16 run's checkpoints, and the loss scale it saved (None: no scaler, a failure)
+    path = os.path.join(work, 'out', 'ckpt_00000002', 'hetgpt.json')
+    try:
+        with open(path) as f:
+            scale = json.load(f).get('loss_scale')
+    except (OSError, ValueError) as e:
+        return dict(error=f"no checkpoint at step 2 ({e})")
+    if not (isinstance(scale, (int, float)) and scale > 0):
+        return dict(error=f"the step-2 checkpoint holds no loss scale ({scale!r})")
+    return dict(note=f"checkpoints at steps 2 and 4; loss scale {scale:g} at step 2")
+
+
+def resumed(losses, row):
+    # steps 3 and 4 of the resumed run against the first run's
+    diffs = [abs(row['losses'].get(i, math.inf) - losses[i]) for i in sorted(losses)]
+    worst = max(diffs) / max(losses.values())
+    note = ', '.join(f"step {i}: {row['losses'].get(i, float('nan')):.5f} resumed, {losses[i]:.5f} "
+                     f"went on" for i in sorted(losses))
+    if not worst <= RESUME_TOLERANCE:
+        return dict(error=f"resumed losses differ by {worst:.2g} of the loss", note=note)
+    return dict(note=f"{note} (apart by {worst:.1g} of the loss)")
+
 
 
 if __name__ == '__main__':

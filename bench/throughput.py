@@ -30,25 +30,31 @@ sys.path.insert(0, ROOT)
 from hetgpt.metrics import read_rows  # noqa: E402
 
 
-def measure(train_args, steps=10, warmup=3, nproc=1, timeout=None, log_path=None):
+def measure(train_args, steps=10, warmup=3, nproc=1, timeout=None, log_path=None, work=None,
+            then=()):
     # Runs train.py; returns a dict: tokens_per_sec, mfu, mem_gib (max allocated), reserved_gib,
-    # host_gib (peak RSS) over the steps after warm-up, the plan row, the plan table, wall seconds;
-    # or error (the output's tail) when it failed or ran out of time. log_path: train.py's output.
+    # host_gib (peak RSS) over the steps after warm-up, their losses, the plan row, the plan
+    # table, wall seconds; or error (the output's tail) when it failed or ran out of time.
+    # log_path: train.py's output. work: a folder that outlives the run (its data and out_dir:
+    # a second run resumes there), else a temporary one. then: arguments after measure's own
+    # (which write no checkpoint and start from scratch), e.g. --checkpoint_interval=2.
     t0 = time.time()
-    with tempfile.TemporaryDirectory() as work:
+    with contextlib.nullcontext(work) if work else tempfile.TemporaryDirectory() as work:
         # Random GPT-2 token ids: enough for any block_size; the speed does not depend on the text.
-        os.makedirs(os.path.join(work, 'data', 'bench'))
+        os.makedirs(os.path.join(work, 'data', 'bench'), exist_ok=True)
         rng = np.random.default_rng(0)
         for split, n in (('train', 4_000_000), ('val', 200_000)):
             path = os.path.join(work, 'data', 'bench', f'{split}.bin')
-            rng.integers(0, 50257, size=n, dtype=np.uint16).tofile(path)
+            if not os.path.exists(path):
+                rng.integers(0, 50257, size=n, dtype=np.uint16).tofile(path)
         launcher = [sys.executable] if nproc == 1 else [
             sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={nproc}']
         # config files are read from train.py's working folder, a temporary one
         args = [a if a.startswith('--') else os.path.abspath(a) for a in train_args]
         cmd = launcher + [os.path.join(ROOT, 'train.py')] + args + [
             '--dataset=bench', f'--out_dir={work}/out', f'--max_iters={warmup + steps}', '--log_interval=1',
-            '--eval_interval=1000000', '--eval_iters=1', '--checkpoint_interval=0', '--init_from=scratch']
+            '--eval_interval=1000000', '--eval_iters=1', '--checkpoint_interval=0', '--init_from=scratch',
+            *then]
         threads = os.environ.get('OMP_NUM_THREADS', str(max(1, os.cpu_count() // nproc)))
         env = dict(os.environ, OMP_NUM_THREADS=threads)
         # its own session: at the time limit the whole group goes (torchrun's ranks, inductor's
@@ -86,6 +92,7 @@ def measure(train_args, steps=10, warmup=3, nproc=1, timeout=None, log_path=None
                 mfu=statistics.median(mfus) if mfus else None,
                 mem_gib=peak('mem_gib'), reserved_gib=peak('reserved_gib'), host_gib=peak('host_gib'),
                 mem_per_step=[r.get('mem_gib') for r in steps_rows],
+                losses={r['iter']: r['loss'] for r in steps_rows},
                 steps=len(steps_rows), plan=plan, table='\n'.join(lines[start:end]), wall=wall)
 
 

@@ -39,7 +39,9 @@ def agree(md_rows, jsonl):
             assert cells[-1].startswith(f"**FAILED: {r['error']}**")
         else:
             assert cells[0].strip() == r['plan']['plan'] and cells[1] == str(r['plan']['micro_batch'])
-            assert cells[2] == f"{r['tokens_per_sec']:,.0f}" and cells[7] == f"{r['mem_gib']:.1f} / {r['reserved_gib']:.1f}"
+            assert cells[2] == f"{r['tokens_per_sec']:,.0f}"
+            mem = '- / -' if r['mem_gib'] is None else f"{r['mem_gib']:.1f} / {r['reserved_gib']:.1f}"
+            assert cells[7] == mem
 
 
 def test_gpu_check_dry_run_walks_every_check_and_writes_three_files(tmp_path):
@@ -50,7 +52,8 @@ def test_gpu_check_dry_run_walks_every_check_and_writes_three_files(tmp_path):
     md, jsonl, log = outputs(tmp_path)
     md_rows = rows_of(md)
     mem = [f'mem {s} mb{mb}' for s in ('ddp', 'ddp+ac', 'fsdp') for mb in (4, 16)]
-    labels = mem + ['offload', '124M compile', '1.3B compile', 'largest: gpt_1p3b.py']
+    labels = mem + ['kernels', 'fp16 save', 'fp16 resume', 'offload', '124M compile', '1.3B compile',
+                    'largest: gpt_1p3b.py']
     assert [label for label, _ in md_rows] == labels, md
     agree(md_rows, jsonl)
     assert not any(r['failed'] for r in jsonl) and 'FAILED' not in md + stdout
@@ -68,8 +71,15 @@ def test_gpu_check_dry_run_walks_every_check_and_writes_three_files(tmp_path):
     # the log: every run's header, command and whole output; the runs planned with the stated host
     for label in labels[:-1]:
         assert f"=== {label}: limit " in log and f"--- {label}: ok, " in log
-    assert log.count('host memory: 120 GiB per node, stated (HETGPT_HOST_MEM_GIB)') == 9
-    assert log.count('--init_device=meta') == 9 and log.count('iter 2: loss') == 9
+    assert log.count('host memory: 120 GiB per node, stated (HETGPT_HOST_MEM_GIB)') == 11
+    assert log.count('--init_device=meta') == 11 and log.count('iter 2: loss') == 10
+    # the clock's kernels, every kind timed; float16's loss scale saved, and the resumed steps
+    # the same as the steps of the run that went on (on the CPU, bit for bit)
+    kernels = next(r for r in jsonl if r['label'] == 'kernels')['kernels']
+    assert sorted(kernels) == ['attention', 'matmuls', 'memory'], kernels
+    assert all(k['timed'] and k['measured'] > 0 and k['predicted'] > 0 for k in kernels.values())
+    assert 'loss scale 65536 at step 2' in rows['fp16 save'][-1]
+    assert rows['fp16 resume'][-1].endswith('(apart by 0 of the loss)'), rows['fp16 resume']
 
 
 def test_a_failed_run_is_marked_everywhere_and_the_rows_before_it_kept(tmp_path):
