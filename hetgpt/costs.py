@@ -468,18 +468,6 @@ def attention_flops(batch, heads, q, kv, head_dim, causal, backward):
     return f * (2.5 if backward else 1.0)
 
 
-def matmul_shapes(cfg, micro, ac=False, strategy='fsdp', dtype='bfloat16'):
-    # work's matmuls as rows (bench/kernel_rates.py times them on a GPU)
-    return [dict(count=n, b=b, m=m, n=n_, k=k)
-            for (b, m, n_, k, _), n in work(cfg, micro, strategy, dtype, ac)['matmuls'].items()]
-
-
-def attention_shapes(cfg, micro, ac=False, strategy='fsdp', dtype='bfloat16'):
-    names = ('batch', 'heads', 'q', 'kv', 'head_dim', 'causal', 'backward')
-    return [dict(zip(names, key), count=n)
-            for key, n in work(cfg, micro, strategy, dtype, ac)['attention'].items()]
-
-
 def flops_per_sequence(c, ac=False):
     # Training FLOPs of one sequence (model_flops): MFU's numerator everywhere, train.py's too.
     f = _measured(model_flops, c)
