@@ -4,7 +4,7 @@ GPUs, batch and strategy (no GPU needed: the planner's dry run), and each row's 
 work (hetgpt/clock.py: matmuls, attention, the other kernels' bytes, each at a published
 micro-benchmark's rate). tests/test_plan.py holds: the H100/A100 ratio at MPT 1B within 15% of
 the published 2.22; every PyTorch run at or below the kernels' rates (predicted 1.0-1.8x
-published; llm.c's fused kernels 0.75-1.0x); for the MPT runs the change in tokens/s per GPU from
+published); llm.c's fused kernels and ZeRO-Offload's single V100 within 25%; for the MPT runs the change in tokens/s per GPU from
 8 GPUs to 64 within 10% of the published change.
 
   python bench/published.py
@@ -33,6 +33,23 @@ LLMC_350M = ("karpathy/llm.c scripts/run_gpt2_350M.sh: 'steps in ~820ms/iter' of
              "SXM, bf16, cuDNN, no recompute (-r 0), ZeRO-1 (-z 1), micro-batch 64 × 1024 (-b 64)")
 LLMC_1558M = ("karpathy/llm.c scripts/run_gpt2_1558M.sh: 'steps in 2.80s/iter' of 1,048,576 tokens on 8 H100 80GB "
               "SXM, bf16, cuDNN, no recompute (-r 0), ZeRO-1 (-z 1), micro-batch 16 × 1024 (-b 16)")
+# ZeRO-Offload (Ren et al., arXiv 2101.06840, abstract): "40 TFlops/GPU on a single NVIDIA V100 GPU
+# for 10B parameter model", DeepSpeed's ZeRO-2 with the optimizer's state and step on the CPU (its
+# own CPU Adam), the model as DeepSpeed's tutorial runs it (docs/_tutorials/zero-offload.md: 50
+# layers, hidden 4096, 32 heads, batch 10, --checkpoint-activations, one V100-SXM3 32GB; Megatron's
+# GPT-2 vocabulary 50257 and sequence 1024). TFLOP/s to tokens/s by the count DeepSpeed's Megatron
+# scripts print (Megatron-DeepSpeed's throughput_calculator: 24·l·h²·(1 + s/6h + V/16lh) per token
+# and pass, 4 passes with activation checkpointing): 8.5e10 FLOPs per token, 470 tokens/s. (Counted
+# as model FLOPs instead, 6 per parameter and token, it would be 623.)
+ZERO_OFFLOAD_10B = GPTConfig(n_layer=50, n_embd=4096, n_head=32, vocab_size=50257, block_size=1024, bias=True)
+ZERO_OFFLOAD = ("Ren et al., ZeRO-Offload, arXiv 2101.06840: 40 TFLOP/s on one V100 for 10B; DeepSpeed "
+                "docs/_tutorials/zero-offload.md for its shape and batch (50 × 4096, batch 10, checkpointing)")
+
+
+def megatron_flops_per_token(cfg, passes=4):
+    layers, h, s, v = cfg.n_layer, cfg.n_embd, cfg.block_size, cfg.vocab_size
+    return passes * 24 * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
+
 
 # (what, source, config, GPUs, global batch in sequences, plan, micro-batch, published tokens/s
 # for all GPUs). llm.c's ZeRO-1 (optimizer state sharded, weights and gradients whole) is
@@ -44,6 +61,8 @@ PUBLISHED = [
     ('llm.c GPT-2 124M', LLMC, GPT2_124M, ('A100-80GB', 8), 512, 'ddp', 64, 524288 / 0.300),
     ('llm.c GPT-2 350M', LLMC_350M, GPT2_350M, ('A100-80GB', 8), 512, 'ddp', 64, 524288 / 0.820),
     ('llm.c GPT-2 1558M', LLMC_1558M, GPT2_1558M, ('H100-SXM', 8), 1024, 'ddp', 16, 1048576 / 2.80),
+    ('ZeRO-Offload 10B', ZERO_OFFLOAD, ZERO_OFFLOAD_10B, ('V100-32GB', 1), 10, 'fsdp+ac+offload', 10,
+     40e12 / megatron_flops_per_token(ZERO_OFFLOAD_10B)),
 ]
 
 

@@ -512,11 +512,12 @@ def test_published_runs_are_at_most_the_kernels_rates():
     # micro-benchmark rates are an upper bound for PyTorch's eager and compiled runs
     # (torchtitan, MPT: 1.2-1.7x published, the gap no published micro-benchmark explains);
     # llm.c's own kernels (cuDNN attention, the loss fused in one pass, LayerNorm with the
-    # residual) reach them: its three runs within 25%.
+    # residual) reach them: its three runs within 25%; so does ZeRO-Offload's 10B on one V100
+    # (fsdp+ac+offload: a step mostly PCIe copies and the host's optimizer step).
     sys.path.insert(0, str(ROOT / 'bench'))
     import published
     for r in published.compare() + published.compare_mpt():
-        low, high = (0.75, 1.25) if r['what'].startswith('llm.c') else (1.0, 1.8)
+        low, high = (0.75, 1.25) if r['what'].startswith(('llm.c', 'ZeRO')) else (1.0, 1.8)
         assert low <= r['ratio'] <= high, r
 
 
