@@ -63,10 +63,11 @@ for name, gpus, host in {[('gpt_tiny', '2xcpu', 16),
                           ('gpt_175b', '1xH200', None)]}:
     d = runpy.run_path(f'configs/{{name}}.py')
     cfg = config_from({{k: v for k, v in d.items() if not k.startswith('_')}})
-    p = planner.make_plan(cfg, shape.MAX_BATCH, plan._cluster(gpus, 0, host))
-    out.append(dict(name=name, fits=p.fits, shard=p.shard, share=p.share, cap=p.caps,
-                    total=sum(map(sum, p.sizes)), sums=list(map(sum, p.sizes)),
-                    largest=[max(m) for m in p.sizes], counts=p.accum))
+    p = planner.make_plan(cfg, shape.MAX_BATCH, plan._cluster(gpus, None, host))
+    per = lambda xs: [x for x, r in zip(xs, p.ranks) for _ in range(r['count'])]  # (rank by rank)
+    out.append(dict(name=name, fits=p.fits, shard=p.shard, share=per(p.share), cap=per(p.caps),
+                    total=sum(map(sum, per(p.sizes))), sums=list(map(sum, per(p.sizes))),
+                    largest=[max(m) for m in per(p.sizes)], counts=per(p.accum)))
 print(json.dumps(out))
 """
 

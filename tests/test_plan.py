@@ -21,6 +21,7 @@ from hetgpt import gpus
 from hetgpt import ladder
 from hetgpt import memory
 from hetgpt import planner
+from hetgpt.cluster import expand
 import plan
 from configurator import configure
 from model import GPT, GPTConfig, config_from
@@ -669,7 +670,7 @@ def test_what_each_gpu_kind_adds_and_the_dtype_each_computes_in(capsys):
     # --dtype=bfloat16, that auto is faster.
     import re
     v100 = {'bfloat16': 15.7, 'float16': 125}
-    ranks = plan._cluster('2xA100-80GB,2xV100-32GB', 2, None)
+    ranks = expand(plan._cluster('2xA100-80GB,2xV100-32GB', 2, None))  # (rank by rank)
     cfg, batch = load('gpt_1p3b')
     for dtype in ('bfloat16', 'float16', 'auto'):
         p = planner.make_plan(cfg, batch, ranks, dtype=dtype)
