@@ -78,10 +78,10 @@ def _cluster(gpus, nodes, host_mem, batch=None):
         shape.feeds(batch, R)
     host = host_mem * GiB if host_mem else None
     host_from = 'given (--host_mem)' if host else None
-    return cluster.layout([(c, dict(device='cuda', gpu=g, host_mem=host, host_from=host_from))
-                           if g != 'cpu' else (c, dict(device='cpu', gpu=None, host_mem=host,
-                                                       host_from=host_from, mem=host and host // per))
-                           for c, g in kinds], per)
+    rank = lambda g: dict(device='cuda', gpu=g, host_mem=host, host_from=host_from) \
+        if g != 'cpu' else dict(device='cpu', gpu=None, host_mem=host, host_from=host_from,
+                                mem=host and host // per)
+    return cluster.layout([(c, rank(g)) for c, g in kinds], per)
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -125,7 +125,7 @@ def _evaluate_one(cfg, batch, ranks, strategy, mbs, inter_node_bw, accumulate, w
         return result
     # Time (clock.py). Under DDP+AC a rank checkpoints if its seconds per sequence are fewer.
     per_sequence = lambda r, ac, cap: clock.per_sequence(cfg, r, ac, f['shard'], cap)
-    ac = [f['ac']] * R
+    ac = [f['ac']] * len(ranks)
     if f['ac'] and not f['shard'] and choose:
         plain = [cap(r, 'ddp') for r in ranks]
         ac = [not p or per_sequence(r, True, c) < per_sequence(r, False, p)
