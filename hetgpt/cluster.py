@@ -9,6 +9,9 @@ rank, never with their number. train.py gives one entry per rank (count 1); plan
   nodes   how many nodes alike it spans, count / nodes of its ranks in each
   rank    its first rank; stride: ranks per node, so that its ranks are, node by node,
           rank + i·stride + j for node i of its nodes and j < count / nodes
+Where ranks tie in the split, the first entry's first ranks go first: rank order when each
+entry's ranks are consecutive (train.py's, and plan.py's but for a kind in nodes of several
+kinds, where another tie order gives a split of the same step).
 """
 import bisect
 import itertools
