@@ -18,13 +18,14 @@ import time
 from collections import Counter
 
 from configurator import configure, defaults_of, model_defaults, rules_of
-from hetgpt import shape
+from hetgpt import cluster, shape
 from hetgpt.errors import die
 from hetgpt.gpus import GPUS, peak_flops
 from hetgpt.ladder import DTYPES, STRATEGIES
 from hetgpt.metrics import duration
 
 DEFAULT_GPUS = '1xH200'
+LISTED = 16  # nodes whose torchrun lines are printed one by one
 GiB = 2**30
 TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train.py')
 KNOBS = (*model_defaults(), 'batch_size', 'gradient_accumulation_steps', 'micro_batch_size',
@@ -47,31 +48,40 @@ def _gpu(name, item):
         f"{', '.join(GPUS)}, or cpu (with --host_mem); several joined by commas")
 
 
-def _cluster(gpus, nodes, host_mem):
-    # '4xA100-80GB,4xV100-32GB' -> ranks spread evenly over nodes (default: 8 GPUs per node)
+def _cluster(gpus, nodes, host_mem, batch=None):
+    # '4xA100-80GB,4xV100-32GB' -> ranks spread evenly over nodes (default, nodes None: 8 GPUs per
+    # node), as entries of identical ranks (hetgpt/cluster.py: a million GPUs are a few entries).
+    # batch: the global batch, which must hold a sequence per rank (train.py's rule)
     kinds = []
     for item in gpus.split(','):
         m = re.fullmatch(r'(?:(\d+)x)?([A-Za-z0-9-]+)', item.strip())
         if m is None or int(m[1] or 1) < 1:
             _gpu(None, item)  # (cannot read it)
         key = _gpu(m[2], item)
+        if len(m[1] or '') > 18:  # (far beyond any batch: no int of thousands of digits)
+            die(f"--gpus {item}: at most {shape.MAX_BATCH:,} ranks (2**24, the largest batch)")
         if key == 'cpu' and not host_mem:
             die(f"--gpus {item}: CPU ranks need --host_mem (GiB per node), their memory")
-        kinds += [key] * int(m[1] or 1)
-    if nodes > len(kinds):
-        die(f"--nodes {nodes} but --gpus {gpus} has {len(kinds)} ranks: at least one per node")
-    nodes = nodes or math.ceil(len(kinds) / 8)
-    per = math.ceil(len(kinds) / nodes)
-    if math.ceil(len(kinds) / per) < nodes:  # 12 GPUs on 5 nodes: 3 each fill only 4
-        fits = [n for n in range(1, len(kinds) + 1) if len(kinds) % n == 0]
-        die(f"--nodes {nodes} does not fit {len(kinds)} GPUs (--gpus {gpus}): spread evenly, "
+        kinds.append((int(m[1] or 1), key))
+    R = sum(c for c, _ in kinds)
+    if batch is not None and R > shape.MAX_BATCH:  # (before any work that grows with R)
+        shape.feeds(batch, R)
+    if nodes is not None and nodes > R:
+        die(f"--nodes {nodes} but --gpus {gpus} has {R:,} ranks: at least one per node")
+    nodes = nodes or math.ceil(R / 8)
+    per = math.ceil(R / nodes)
+    if math.ceil(R / per) < nodes:  # 12 GPUs on 5 nodes: 3 each fill only 4
+        fits = sorted({d for k in range(1, math.isqrt(R) + 1) if R % k == 0 for d in (k, R // k)})
+        die(f"--nodes {nodes} does not fit {R:,} GPUs (--gpus {gpus}): spread evenly, "
             f"they leave a node empty; give --nodes one of {', '.join(map(str, fits))}")
+    if batch is not None:
+        shape.feeds(batch, R)
     host = host_mem * GiB if host_mem else None
     host_from = 'given (--host_mem)' if host else None
-    return [dict(device='cuda', gpu=g, node=i // per, host_mem=host, host_from=host_from)
-            if g != 'cpu' else dict(device='cpu', gpu=None, node=i // per, host_mem=host,
-                                    host_from=host_from, mem=host and host // per)
-            for i, g in enumerate(kinds)]
+    rank = lambda g: dict(device='cuda', gpu=g, host_mem=host, host_from=host_from) \
+        if g != 'cpu' else dict(device='cpu', gpu=None, host_mem=host, host_from=host_from,
+                                mem=host and host // per)
+    return cluster.layout([(c, rank(g)) for c, g in kinds], per)
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -104,8 +114,8 @@ def main(argv=None):
                          f"4xA100-80GB,4xV100-32GB, 2xcpu --host_mem 16 (default: {DEFAULT_GPUS})")
     ap.add_argument('--host_mem', type=float, default=None,
                     help="host memory per node, GiB (default: not checked)")
-    ap.add_argument('--nodes', type=int, default=0, help="ranks spread evenly over them "
-                    "(default 0: 8 GPUs per node)")
+    ap.add_argument('--nodes', type=int, default=None, help="ranks spread evenly over them "
+                    "(default: 8 GPUs per node)")
     ap.add_argument('--plan', default='auto', choices=('auto',) + STRATEGIES)
     ap.add_argument('--dtype', default='auto', choices=('auto',) + DTYPES,
                     help="as train.py's: auto (each GPU's fastest under DDP; under FSDP one for "
@@ -116,7 +126,7 @@ def main(argv=None):
     args, rest = ap.parse_known_args(argv)
     for name, ok, want in (  # (nan and inf fail these comparisons)
             ('host_mem', args.host_mem is None or 0 < args.host_mem < math.inf, 'a number > 0'),
-            ('nodes', args.nodes >= 0, '>= 0 (0: 8 GPUs per node)'),
+            ('nodes', args.nodes is None or args.nodes >= 1, '>= 1 (default: 8 GPUs per node)'),
             ('inter_node_gbs', args.inter_node_gbs is None or 0 < args.inter_node_gbs < math.inf,
              'a number > 0')):
         if not ok:
@@ -131,10 +141,11 @@ def main(argv=None):
     config = configure(defaults, args.config + rest, strict_files=False,
                        rules={k: rules.get(k, '') for k in KNOBS})
     shape.check(config)
-    ranks = _cluster(DEFAULT_GPUS if args.gpus is None else args.gpus, args.nodes, args.host_mem)
     # nanoGPT's configs: gradient_accumulation_steps > 0 makes batch_size the micro-batch
     batch, micro = shape.batch_of(config['batch_size'], config['gradient_accumulation_steps'],
                                   config['micro_batch_size'])
+    ranks = _cluster(DEFAULT_GPUS if args.gpus is None else args.gpus, args.nodes, args.host_mem,
+                     batch)
     # the knobs and GPUs hold: now the planner, and torch under it (a mistake above is one line
     # in a tenth of a second, without it)
     from hetgpt.planner import make_plan
@@ -165,13 +176,15 @@ def choices(p, ranks, dtype, planned):
     # What each kind of GPU adds to the step's tokens/s (the plan without them), and another
     # dtype setting where it runs some GPU at another rate (a V100: float16 only, bfloat16 at its
     # float32 rate) and is faster: the gain and the flag
-    kinds = Counter(r['gpu'] or 'cpu' for r in ranks)
+    kinds = Counter()
+    for r in ranks:
+        kinds[r['gpu'] or 'cpu'] += r['count']
     if len(kinds) > 1:
         for kind, n in kinds.items():
             q = planned([r for r in ranks if (r['gpu'] or 'cpu') != kind])
             adds = f"{p.tokens_per_sec / q.tokens_per_sec - 1:+.1%}" if q.fits else \
                 "the fit: the rest alone do not fit"
-            yield f"the {n} × {kind} add {adds} tokens/s" + (
+            yield f"the {n:,} × {kind} add {adds} tokens/s" + (
                 f"; leave them out: {q.tokens_per_sec / p.tokens_per_sec - 1:+.1%}"
                 if q.fits and q.tokens_per_sec > p.tokens_per_sec else '')
     from hetgpt.hardware import native_dtype  # (torch, as make_plan already has it)
@@ -189,14 +202,22 @@ def choices(p, ranks, dtype, planned):
 
 def launch(ranks, train_args):
     # The torchrun line to run this plan, one per node: each node's own count of GPUs (torchrun's
-    # agents tell each other theirs), node 0's address for HOST0
+    # agents tell each other theirs), node 0's address for HOST0. Beyond LISTED nodes, one line
+    # per run of nodes alike, NODE standing for each node's number.
     args = ' '.join(['train.py', *map(shlex.quote, train_args)])
-    per_node = Counter(r['node'] for r in ranks)
-    if len(per_node) == 1:
-        return f"run it: torchrun --standalone --nproc_per_node={len(ranks)} {args}"
-    return '\n'.join(["run it, on each node (HOST0: node 0's address):"] + [
-        f"  node {n}: torchrun --nnodes={len(per_node)} --node_rank={n} --nproc_per_node={k} "
-        f"--master_addr=HOST0 --master_port=29500 {args}" for n, k in sorted(per_node.items())])
+    per_node, nodes = cluster.per_node(ranks), cluster.node_count(ranks)
+    if nodes == 1:
+        return f"run it: torchrun --standalone --nproc_per_node={cluster.world(ranks)} {args}"
+    alike = sorted({r['node']: r['nodes'] for r in ranks}.items())
+    line = lambda name, n, k: (f"  {name}: torchrun --nnodes={nodes} --node_rank={n} "
+                               f"--nproc_per_node={k} --master_addr=HOST0 --master_port=29500 "
+                               f"{args}")
+    if nodes <= LISTED:
+        return '\n'.join(["run it, on each node (HOST0: node 0's address):"] + [
+            line(f"node {n + j}", n + j, per_node[n]) for n, count in alike for j in range(count)])
+    return '\n'.join(["run it, on each node (HOST0: node 0's address, NODE: the node's number):"]
+                     + [line(f"node {n}" if count == 1 else f"nodes {n}-{n + count - 1}",
+                             n if count == 1 else 'NODE', per_node[n]) for n, count in alike])
 
 
 if __name__ == '__main__':

@@ -6,6 +6,7 @@ one idea per module, none of them importing train.py.
   memory      the estimator: a rank's bytes at a step's peak under a strategy
   clock       the step-time model: a step's seconds on given ranks
   decision    the plan as train.py applies it (Plan), and its table
+  cluster     identical ranks as one entry: what the planner sums over ranks and nodes
   costs       bytes, FLOPs and optimizer state, measured from model.py as built
   shape       the model's shape and the batch: their rules, and the one check (no torch)
   ladder      the strategies, cheapest first, and what each turns on (no torch)

@@ -8,6 +8,7 @@ forward, so there all ranks run the same number of micro-batches (lockstep) and 
 waits for its slowest rank. The planner splits with predicted speeds (clock.py); train.py re-splits
 with measured ones, through the same functions.
 """
+import bisect
 import heapq
 import itertools
 import math
@@ -29,34 +30,76 @@ from hetgpt.group import gather
 EXACT = 2048
 
 
-def split_batch(batch, c0, c1, caps, count=None):
+def split_batch(batch, c0, c1, caps, count=None, counts=None):
     # Whole sequences n_i, sum n_i = batch, 0 <= n_i <= caps_i, minimising max_i c0_i + c1_i·n_i.
     # Greedy: each next sequence goes to the rank that would finish it earliest. It is optimal:
     # rank i's finishing times c0_i + c1_i·k (k = 1, 2, ...) increase with k, a split takes a
     # prefix of each rank's list, so its maximum is at least the batch-th smallest of all these
     # values; the greedy takes exactly the batch smallest. count=K > 1: FSDP's lockstep, below.
-    if not len(c0) == len(c1) == len(caps):
-        raise ValueError(f"split_batch: c0, c1 and caps differ in length "
-                         f"({len(c0)}, {len(c1)}, {len(caps)})")
+    # counts: how many identical ranks each entry stands for (hetgpt/cluster.py); the result is
+    # then each entry's ranks as [(share, how many)] in rank order (identical ranks may get
+    # different shares: ties go to the lower rank), computed in time that does not grow with the
+    # counts. Without counts: one share per rank.
+    m = [1] * len(caps) if counts is None else list(counts)
+    if not len(c0) == len(c1) == len(caps) == len(m):
+        raise ValueError(f"split_batch: c0, c1, caps and counts differ in length "
+                         f"({len(c0)}, {len(c1)}, {len(caps)}, {len(m)})")
     if min(c1, default=0) < 0 or batch < 0:
         raise ValueError("split_batch: the batch and each rank's c1 must be >= 0")
+    held = sum(c * k for c, k in zip(caps, m))
     if count and count > 1:
-        return _split_lockstep(batch, c0, c1, caps, count)
-    if sum(caps) < batch:
-        raise ValueError(f"cannot split {batch} sequences over {len(caps)} ranks: their caps "
-                         f"{list(caps)} hold only {sum(caps)}; lower batch_size, or allow more "
+        parts = _split_lockstep(batch, c0, c1, caps, count, m)
+    elif held < batch:
+        raise ValueError(f"cannot split {batch} sequences over {sum(m)} ranks: their caps "
+                         f"{_caps(caps, m)} hold only {held}; lower batch_size, or allow more "
                          f"micro-batches or sequences per rank")
-    if batch > EXACT and all(map(math.isfinite, [*c0, *c1])):
-        return _split_at_once(batch, c0, c1, caps)
-    n = [0] * len(caps)
+    elif batch > EXACT and all(map(math.isfinite, [*c0, *c1])):
+        parts = _split_at_once(batch, c0, c1, caps, m)
+    else:
+        parts = _greedy(batch, c0, c1, caps, m)
+    return parts if counts is not None else [p[0][0] for p in parts]
+
+
+def _caps(caps, m):  # the caps, as an error names them
+    return list(caps) if set(m) <= {1} else ', '.join(f"{k} × {c}" for c, k in zip(caps, m))
+
+
+def _runs(pairs):  # [(share, how many)] without empty runs, equal neighbours joined
+    out = []
+    for x, k in pairs:
+        if k and out and out[-1][0] == x:
+            out[-1] = (x, out[-1][1] + k)
+        elif k:
+            out.append((x, k))
+    return out
+
+
+def _greedy(batch, c0, c1, caps, m):
+    # The greedy with a heap, a level at a time: an entry's ranks take their k-th sequence
+    # together (the same time; a tie goes to the lower rank, the entry's first ranks first).
+    # Where a rank's next times are equal (c1 = 0, or floats too close to differ) the per-rank
+    # heap gives them all to one rank before the next: so do its first ranks here.
+    n, last = [0] * len(caps), None
     heap = [(c0[i] + c1[i], i) for i in range(len(caps)) if caps[i] > 0]
     heapq.heapify(heap)
-    for _ in range(batch):
-        _, i = heapq.heappop(heap)
-        n[i] += 1
+    rest = batch
+    while rest:
+        t, i = heapq.heappop(heap)
+        flat = caps[i] - n[i] if c1[i] == 0 else 1  # the levels at time t
+        while flat < caps[i] - n[i] and c0[i] + c1[i] * (n[i] + flat + 1) == t:
+            flat += 1
+        if rest < m[i] * flat:  # the last sequences: the entry's first ranks take them
+            full, r = divmod(rest, flat)
+            last = (i, _runs([(n[i] + flat, full), (n[i] + r, int(r > 0)),
+                              (n[i], m[i] - full - int(r > 0))]))
+            break
+        n[i], rest = n[i] + flat, rest - m[i] * flat
         if n[i] < caps[i]:
             heapq.heappush(heap, (c0[i] + c1[i] * (n[i] + 1), i))
-    return n
+    parts = [[(x, k)] for x, k in zip(n, m)]
+    if last:
+        parts[last[0]] = last[1]
+    return parts
 
 
 def _key(x):  # a double as an int, in the same order (bisection over the doubles themselves)
@@ -68,14 +111,16 @@ def _double(i):
     return struct.unpack('<d', struct.pack('<q', i if i >= 0 else -i | -2**63))[0]
 
 
-def _split_at_once(batch, c0, c1, caps):
+def _split_at_once(batch, c0, c1, caps, m):
     # split_batch's greedy without its steps: it takes the batch smallest of the finishing times
     # c0_i + c1_i·k (k = 1..caps_i, non-decreasing in k), ties to the lower rank first (the heap's
     # order). So find the batch-th smallest, V, by bisection over the doubles; each rank takes its
     # times below V, and the times equal to V go to the ranks in order. (Exactly the greedy's
-    # split: the same float expressions, compared, never approximated.)
+    # split: the same float expressions, compared, never approximated.) An entry of m_i ranks
+    # counts m_i times.
     c0, c1 = np.asarray(c0, dtype=float), np.asarray(c1, dtype=float)
     cap = np.maximum(np.asarray(caps, dtype=float), 0.0)
+    many = np.asarray(m, dtype=float)
     time = lambda k: c0 + c1 * k
 
     def upto(T):  # per rank: how many of its times are <= T
@@ -101,66 +146,108 @@ def _split_at_once(batch, c0, c1, caps):
     lo, hi = _key(float(time(1.0)[some].min())) - 1, _key(float(time(cap)[some].max()))
     while hi - lo > 1:  # upto(lo) sums below the batch, upto(hi) to at least it
         mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if upto(_double(mid)).sum() >= batch else (mid, hi)
+        lo, hi = (lo, mid) if (upto(_double(mid)) * many).sum() >= batch else (mid, hi)
     below = upto(_double(hi - 1))
-    at, rest = upto(_double(hi)) - below, batch - int(below.sum())
-    n = [int(x) for x in below]
-    for i in range(len(n)):
-        take = min(rest, int(at[i]))
-        n[i], rest = n[i] + take, rest - take
-    return n
+    at, rest = upto(_double(hi)) - below, batch - int((below * many).sum())
+    parts = []
+    for b, a, k in zip(below.astype(int).tolist(), at.astype(int).tolist(), m):
+        take = min(rest, a * k)  # the entry's first ranks take a each, then one the rest
+        full, r = divmod(take, a) if a else (0, 0)
+        parts.append(_runs([(b + a, full), (b + r, int(r > 0)), (b, k - full - int(r > 0))]))
+        rest -= take
+    return parts
 
 
-def _split_lockstep(batch, c0, c1, caps, count):
+def _first_above(a, b):
+    # (entry, position) of the first rank whose share in b is above its share in a (each a list
+    # of entries' [(share, how many)])
+    for i, (x, y) in enumerate(zip(a, b)):
+        ends = lambda runs: list(itertools.accumulate(k for _, k in runs))
+        ex, ey = ends(x), ends(y)
+        for p in sorted({0, *ex[:-1], *ey[:-1]}):
+            if y[bisect.bisect_right(ey, p)][0] > x[bisect.bisect_right(ex, p)][0]:
+                return i, p
+
+
+def _add(runs, p, extra):  # runs with the rank at position p given `extra` more
+    out, at = [], 0
+    for x, k in runs:
+        if at <= p < at + k:
+            out += [(x, p - at), (x + extra, 1), (x, at + k - p - 1)]
+        else:
+            out.append((x, k))
+        at += k
+    return _runs(out)
+
+
+def _split_lockstep(batch, c0, c1, caps, count, m):
     # FSDP: every rank runs `count` micro-batches, and each micro-batch waits for the slowest rank.
     # caps and c0 are per micro-batch; rank i's pieces are micro_batches(n_i, caps_i, count), so
     # one more sequence for rank i adds one to its micro-batch number n_i mod count. Two greedy
     # fills, the better kept, then single moves between ranks while they help (up to 16 ranks).
-    # Not provably optimal: tests/test_split.py compares it with brute force.
-    if count * sum(caps) < batch:
-        raise ValueError(f"cannot split {batch} sequences over {len(caps)} ranks in {count} "
-                         f"micro-batches: their caps {list(caps)} per micro-batch hold only "
-                         f"{count * sum(caps)}")
-    R = len(caps)
+    # Not provably optimal: tests/test_split.py compares it with brute force. Entries of m_i
+    # identical ranks: their ranks as runs [(share, how many)], in rank order.
+    held = sum(c * k for c, k in zip(caps, m))
+    if count * held < batch:
+        raise ValueError(f"cannot split {batch} sequences over {sum(m)} ranks in {count} "
+                         f"micro-batches: their caps {_caps(caps, m)} per micro-batch hold only "
+                         f"{count * held}")
+    E, R = len(caps), sum(m)
     if batch > EXACT:
         # Every micro-batch split alike: the fastest split of batch // count sequences in one
         # micro-batch, and the batch % count left over (< count) each one more sequence in a
         # micro-batch of the rank the greedy gives the next sequence to (its cap allows it).
-        per = split_batch(batch // count, c0, c1, caps)
-        n = [count * x for x in per]
-        if batch > sum(n):
-            more = split_batch(batch // count + 1, c0, c1, caps)
-            i = next(i for i in range(R) if more[i] > per[i])
-            n[i] += batch - sum(n)
+        per = split_batch(batch // count, c0, c1, caps, counts=m)
+        n = [[(count * x, k) for x, k in p] for p in per]
+        if batch % count:
+            i, p = _first_above(per, split_batch(batch // count + 1, c0, c1, caps, counts=m))
+            n[i] = _add(n[i], p, batch % count)
         return n
 
+    # Below, the runs of all entries in rank order: [entry, share, how many] (one per rank
+    # when every entry is one rank, as the planner's reference)
     def times(n):  # each micro-batch's time: its slowest rank
-        pieces = [micro_batches(x, c, count) for x, c in zip(n, caps)]
-        return [max(a + b * p[j] for a, b, p in zip(c0, c1, pieces)) for j in range(count)]
+        out = [-math.inf] * count
+        for i, x, _ in n:
+            for j, piece in enumerate(micro_batches(x, caps[i], count)):
+                out[j] = max(out[j], c0[i] + c1[i] * piece)
+        return out
 
     def fill(n):  # the remaining sequences one by one, each where it lengthens the step least
-        slot = times(n)
-        grow = lambda i: max(slot[n[i] % count], c0[i] + c1[i] * (n[i] // count + 1)) \
-            - slot[n[i] % count]
-        for _ in range(batch - sum(n)):
-            i = min((i for i in range(R) if n[i] < count * caps[i]),
-                    key=lambda i: (grow(i), c1[i], i))
-            slot[n[i] % count] += grow(i)
-            n[i] += 1
+        n, slot = [list(x) for x in n], times(n)
+        grow = lambda i, x: max(slot[x % count], c0[i] + c1[i] * (x // count + 1)) \
+            - slot[x % count]
+        for _ in range(batch - sum(x * k for _, x, k in n)):
+            j = min((j for j, (i, x, _) in enumerate(n) if x < count * caps[i]),
+                    key=lambda j: (grow(*n[j][:2]), c1[n[j][0]], j))
+            i, x, k = n[j]
+            slot[x % count] += grow(i, x)
+            n[j:j + 1] = [[i, x + 1, 1]] + ([[i, x, k - 1]] if k > 1 else [])  # its first rank
+            for at in (j, j - 1):  # (joined to a neighbour of the same entry and share)
+                if 0 <= at < len(n) - 1 and n[at][:2] == n[at + 1][:2]:
+                    n[at][2] += n.pop(at + 1)[2]
         return n
 
     # (a) from nothing; (b) floor(batch/count) split as one micro-batch, count times over
-    n = min(fill([0] * R), fill([count * x for x in split_batch(batch // count, c0, c1, caps)]),
+    start = split_batch(batch // count, c0, c1, caps, counts=m)
+    n = min(fill([[i, 0, m[i]] for i in range(E)]),
+            fill([[i, count * x, k] for i in range(E) for x, k in start[i]]),
             key=lambda n: sum(times(n)))
-    improved = R <= 16
-    while improved:
-        improved = False
-        for i, k in ((i, k) for i in range(R) for k in range(R) if i != k):
-            m = list(n)
-            m[i], m[k] = m[i] - 1, m[k] + 1
-            if m[i] >= 0 and m[k] <= count * caps[k] and sum(times(m)) < sum(times(n)) - 1e-12:
-                n, improved = m, True
-    return n
+    if R <= 16:  # single moves, rank by rank
+        who = [i for i, _, k in n for _ in range(k)]
+        flat = [x for _, x, k in n for _ in range(k)]
+        rank = lambda n: [[who[r], x, 1] for r, x in enumerate(n)]
+        improved = True
+        while improved:
+            improved = False
+            for a, b in ((a, b) for a in range(R) for b in range(R) if a != b):
+                moved = list(flat)
+                moved[a], moved[b] = moved[a] - 1, moved[b] + 1
+                if moved[a] >= 0 and moved[b] <= count * caps[who[b]] and \
+                        sum(times(rank(moved))) < sum(times(rank(flat))) - 1e-12:
+                    flat, improved = moved, True
+        n = rank(flat)
+    return [_runs([(x, k) for j, x, k in n if j == i]) for i in range(E)]
 
 
 def micro_batches(n, cap, count=None):
@@ -195,12 +282,14 @@ def split(batch, caps, c0, c1, fixed=None, count=None):
     return shares, pieces(shares, caps, count)
 
 
-def split_shares(batch, caps, c0, c1, fixed=None, count=None):
-    # split's shares alone (the planner times a split from them and runs(), not lists)
+def split_shares(batch, caps, c0, c1, fixed=None, count=None, counts=None):
+    # split's shares alone (the planner times a split from them and runs(), not lists; for
+    # entries of identical ranks, counts: split_batch)
     if count is None:
         per_sequence = [b + a / m for a, b, m in zip(c0, c1, caps)]
-        return split_batch(batch, fixed or [0.0] * len(caps), per_sequence, [batch] * len(caps))
-    return split_batch(batch, c0, c1, caps, count)
+        return split_batch(batch, fixed or [0.0] * len(caps), per_sequence, [batch] * len(caps),
+                           counts=counts)
+    return split_batch(batch, c0, c1, caps, count, counts)
 
 
 def weighted(batch, caps, weights, lockstep):
@@ -209,9 +298,9 @@ def weighted(batch, caps, weights, lockstep):
     return shares, pieces(shares, caps, lockstep_count(shares, caps) if lockstep else None)
 
 
-def weighted_shares(batch, weights):
+def weighted_shares(batch, weights, counts=None):
     return split_batch(batch, [0.0] * len(weights), [1 / w for w in weights],
-                       [batch] * len(weights))
+                       [batch] * len(weights), counts=counts)
 
 
 def runs(n, cap, count=None):

@@ -8,11 +8,10 @@ and splits the batch again by that.
 """
 import functools
 import math
-from collections import Counter
 
 from hetgpt.balance import (EXACT, lockstep_count, lockstep_segments, runs, split_shares,
                             weighted_shares)
-from hetgpt import costs
+from hetgpt import cluster, costs
 from hetgpt.costs import counts, flops_per_sequence
 from hetgpt.gpus import GPUS, HOST_BW, HOST_THREAD_BW, UNKNOWN_GPU, peak_flops
 from hetgpt.rates import GEMM_SM90
@@ -206,10 +205,9 @@ def bandwidth(ranks, inter_node_bw):
     kinds = {r['gpu'] for r in ranks}
     intra = _dev(ranks[0])['p2p'] if len(kinds) == 1 else min(_dev(r)['host'] for r in ranks)
     intra = LINK_EFFICIENCY * intra * 1e9
-    nics = Counter()
-    for r in ranks:
-        nics[r['node']] += inter_node_bw or _dev(r)['net'] * 1e9
-    return intra if len(nics) == 1 else min(intra, NIC_EFFICIENCY * min(nics.values()))
+    nics = cluster.per_node(ranks, lambda r: inter_node_bw or _dev(r)['net'] * 1e9)
+    return intra if cluster.node_count(ranks) == 1 else \
+        min(intra, NIC_EFFICIENCY * min(nics.values()))
 
 
 def host_bw(ranks):
@@ -217,9 +215,7 @@ def host_bw(ranks):
     # its GPU ranks measured at start-up, each its own step, all at once (hardware.this_rank),
     # summed; in a dry run, its ranks' threads (one each under torchrun) or its reference
     # system's memory, the lesser (gpus.HOST_BW); else HOST_ADAM_BW.
-    bw, nodes = Counter(), Counter(r['node'] for r in ranks)
-    for r in ranks:
-        bw[r['node']] += r.get('host_bw') or 0
+    bw, nodes = cluster.per_node(ranks, lambda r: r.get('host_bw') or 0), cluster.per_node(ranks)
     for r in ranks:
         if not bw[r['node']]:
             known = HOST_BW.get(r['gpu']) if r['device'] == 'cuda' else None
@@ -261,11 +257,14 @@ def step(cfg, batch, ranks, f, caps, ac, accumulate, weights=None, inter_node_bw
     # A step of strategy f (ladder.flags) on these ranks at their micro-batch caps, each rank
     # computing in its r['dtype'] and checkpointing its blocks or not (ac): the batch split by
     # speed (balance.py; by weights if given), each rank's micro-batches as runs of equal sizes
-    # (balance.runs: at most two), timed in closed form. Returns (seconds, shares, runs).
-    R, n = len(ranks), counts(cfg)
-    per_node = Counter(r['node'] for r in ranks)
+    # (balance.runs: at most two), timed in closed form. ranks: entries of identical ranks
+    # (hetgpt/cluster.py), caps and ac one per entry; the split may give an entry's ranks two
+    # shares or three, so it returns (seconds, parts): [(entry, how many ranks, share, runs)] in
+    # rank order.
+    R, n, m = cluster.world(ranks), counts(cfg), [r.get('count', 1) for r in ranks]
+    per_node = cluster.per_node(ranks)
     # Compute: each rank's kernels at its micro-batch cap, plus launches per micro-batch.
-    c0, c1 = zip(*(compute(cfg, r, a, f['shard'], m) for r, a, m in zip(ranks, ac, caps)))
+    c0, c1 = zip(*(compute(cfg, r, a, f['shard'], cap) for r, a, cap in zip(ranks, ac, caps)))
     c0, c1 = list(c0), list(c1)
     mine = n['total'] if not f['shard'] else \
         sharded(n['block_shapes'], R) * cfg.n_layer + sharded(n['root_shapes'], R)
@@ -279,40 +278,45 @@ def step(cfg, batch, ranks, f, caps, ac, accumulate, weights=None, inter_node_bw
                          else 1 / (_dev(r)['hbm'] * 1e9 * HBM_EFFICIENCY)) for r in ranks]
     bw, ring = bandwidth(ranks, inter_node_bw), (R - 1) / R
     cb = 4 if ranks[0]['dtype'] == 'float32' else 2  # (FSDP's gathers: one dtype)
+    # the split's parts: (entry, ranks, share)
+    parts = lambda shares: [(i, k, x) for i, p in enumerate(shares) for x, k in p]
     if not f['shard']:
         # DDP: each rank alone, then the all-reduce of the fp32 grads (all_reduce), overlapped
         # with the backward (2/3) of the slowest rank's last micro-batch.
-        share = weighted_shares(batch, weights) if weights else \
-            split_shares(batch, caps, c0, c1, fixed=opt)
-        rs = [runs(x, m) for x, m in zip(share, caps)]
-        busy = [sum(k * (a + c * max(m, 1)) for m, k in r) + o
-                for a, c, r, o in zip(c0, c1, rs, opt)]
-        slow = max(range(R), key=busy.__getitem__)
-        last = c0[slow] + c1[slow] * max(rs[slow][-1][0], 1)
-        return busy[slow] + max(0.0, all_reduce(n, R, ring, bw) - 2 / 3 * last), share, rs
+        split = parts(weighted_shares(batch, weights, m) if weights else
+                      split_shares(batch, caps, c0, c1, fixed=opt, counts=m))
+        rs = [runs(x, caps[i]) for i, _, x in split]
+        busy = [sum(k * (c0[i] + c1[i] * max(s, 1)) for s, k in r) + opt[i]
+                for (i, _, _), r in zip(split, rs)]
+        slow = max(range(len(split)), key=busy.__getitem__)
+        i = split[slow][0]
+        last = c0[i] + c1[i] * max(rs[slow][-1][0], 1)
+        return busy[slow] + max(0.0, all_reduce(n, R, ring, bw) - 2 / 3 * last), \
+            [(*p, r) for p, r in zip(split, rs)]
     gather, reduce, host_add = _comm(f, n, R, ring, bw, cb, ranks, per_node, accumulate, mine)
     # FSDP: the same count K of micro-batches on every rank; each waits for the slowest rank's
     # piece, and prefetching overlaps the collectives with compute. K is tried from the fewest up
     # while the caps still bind the split: every K for a batch of up to balance.EXACT sequences;
     # above, one by one up to 8, then by quarters (a bounded number of tries, where a large batch
     # would try every count while a rank is full).
-    best, K = None, math.ceil(batch / sum(caps))
+    best, K = None, math.ceil(batch / sum(c * k for c, k in zip(caps, m)))
     while K <= batch:
-        share = weighted_shares(batch, weights) if weights else \
-            split_shares(batch, caps, c0, c1, count=K)
-        K = lockstep_count(share, caps) if weights else K
-        rs = [runs(x, m, K) for x, m in zip(share, caps)]
-        segments = lockstep_segments(rs, c0, c1)
+        split = parts(weighted_shares(batch, weights, m) if weights else
+                      split_shares(batch, caps, c0, c1, count=K, counts=m))
+        K = lockstep_count([x for *_, x in split], [caps[i] for i, *_ in split]) if weights \
+            else K
+        rs = [runs(x, caps[i], K) for i, _, x in split]
+        segments = lockstep_segments(rs, [c0[i] for i, *_ in split], [c1[i] for i, *_ in split])
         t = sum(k * max(gather + (0.0 if accumulate else reduce), c) for k, c in segments)
         if accumulate:  # (the last micro-batch reduces)
             t += max(gather + reduce, segments[-1][1]) - max(gather, segments[-1][1])
         t += host_add * (K - 1)
         if best is None or t + max(opt) < best[0]:
-            best = (t + max(opt), share, rs)
-        if weights or all(x < K * m for x, m in zip(share, caps)):
+            best = (t + max(opt), [(*p, r) for p, r in zip(split, rs)])
+        if weights or all(x < K * caps[i] for i, _, x in split):
             break  # no rank is full: more micro-batches only cost
         K += 1 if batch <= EXACT else max(1, K // 4)
-    seconds, share, rs = best
+    seconds, split = best
     # the root group (tied embeddings) is gathered before anything can run and reduced after
     # everything has: its collectives are exposed
-    return seconds + (ring * (cb + 4) * n['root'] / bw if R > 1 else 0.0), share, rs
+    return seconds + (ring * (cb + 4) * n['root'] / bw if R > 1 else 0.0), split

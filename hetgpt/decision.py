@@ -5,14 +5,16 @@ the table that shows it, beside the probe step's measured memory when there is o
 import math
 from dataclasses import dataclass, field
 
-from hetgpt import clock, costs
+from hetgpt import clock, cluster, costs
 from hetgpt.memory import GLIBC_SLACK, GiB, held
 from model import GPTConfig
 
 
 @dataclass
 class Plan:
-    # Every decision train.py applies; lists hold one entry per rank.
+    # Every decision train.py applies; lists hold one item per rank, or (plan.py's identical
+    # ranks, hetgpt/cluster.py) per part of the split: ranks[i]['count'] ranks alike, their first
+    # and last rank and node in ranks[i]['span'].
     strategy: str
     ac: list                        # per rank: activation checkpointing of each block (a +ac
                                     # rung; under DDP only on the ranks that need it)
@@ -78,13 +80,10 @@ class Plan:
         g = lambda x: '-' if x is None else f"{x / GiB:.1f}"
         parts = ('params', 'grads', 'optim', 'activations', 'other', 'total')
         out = [f"plan: {self.strategy} ({'fits' if self.fits else 'does NOT fit'}), "
-               f"{len(self.ranks)} rank(s), {self.n_params:,} parameters, "
+               f"{cluster.world(self.ranks):,} rank(s), {self.n_params:,} parameters, "
                f"{self.dtype if self.dtype != 'mixed' else 'dtype by rank'}, batch "
-               f"{self.batch_size} × {self.block_size} tokens; memory in GiB",
-               f"{'rank':>5} {'node':>5} {'device':<14} {'dtype':<5} {'share':>5} {'micro×acc':>9} ac     "
-               + ''.join(f"{p[:5]:>8}" for p in parts)
-               + f"{'budget':>8}{'host/node':>10}{'tok/s':>10}{'MFU':>6}"]
-        rows = []  # (rank, node, the rest of its lines)
+               f"{self.batch_size} × {self.block_size} tokens; memory in GiB"]
+        rows = []  # (its ranks' span, how many, the rest of its lines)
         for i, r in enumerate(self.ranks):
             p, mb = self.predicted[i], f"{max(self.sizes[i])}×{self.accum[i]}"
             tps = self.share[i] * self.block_size / (self.step_time or 1)
@@ -99,22 +98,33 @@ class Plan:
             if measured and i < len(measured) and measured[i]:
                 lines.append(f"{'':>41} meas" + ''.join(f"{g(measured[i].get(k)):>8}" for k in parts)
                              + f"{'':>8}{g(measured[i].get('host')):>10}")
-            rows.append((i, r['node'], lines))
-        # consecutive ranks that would print the same lines: one row, "0-63"
-        span = lambda a, b: f"{a}" if a == b else f"{a}-{b}"
+            rows.append((list(r.get('span', (i, i, r['node'], r['node']))), r.get('count', 1),
+                         lines))
+        # consecutive ranks that would print the same lines: one row, "0-63" (ranks alike that
+        # are not consecutive, a kind in nodes of several kinds: how many, "32 of 0-63")
         groups = []
-        for i, node, lines in rows:
-            if groups and groups[-1][2] == lines:
-                groups[-1][0][1], groups[-1][1][1] = i, node
+        for (a, b, m, n), k, lines in rows:
+            last = groups[-1] if groups else None
+            if last and last[5] == lines and last[1] + 1 == a and b - a + 1 == k and \
+                    last[1] - last[0] + 1 == last[4]:
+                last[1], last[3], last[4] = b, n, last[4] + k
             else:
-                groups.append(([i, i], [node, node], lines))
-        for (a, b), (m, n), lines in groups:
-            out.append(f"{span(a, b):>5} {span(m, n):>5}" + lines[0])
-            out.extend(f"{'':>11}" + line for line in lines[1:])
+                groups.append([a, b, m, n, k, lines])
+        named = [(_ranks(a, b, k), _ranks(m, n, n - m + 1)) for a, b, m, n, k, _ in groups]
+        w = [max(5, *(len(x[j]) for x in named)) for j in (0, 1)]  # the columns' widths
+        out.append(f"{'rank':>{w[0]}} {'node':>{w[1]}} {'device':<14} {'dtype':<5} {'share':>5} "
+                   f"{'micro×acc':>9} ac     " + ''.join(f"{p[:5]:>8}" for p in parts)
+                   + f"{'budget':>8}{'host/node':>10}{'tok/s':>10}{'MFU':>6}")
+        for (ranks, nodes), (*_, lines) in zip(named, groups):
+            out.append(f"{ranks:>{w[0]}} {nodes:>{w[1]}}" + lines[0])
+            out.extend(' ' * (w[0] + w[1] + 1) + line for line in lines[1:])
         out.append(host_line(self.ranks))
-        kept = [str(i) for i in range(len(self.ranks)) if not self.frees_host_memory(i)]
+        kept = [i for i in range(len(self.ranks)) if not self.frees_host_memory(i)]
         if kept:  # (CPU ranks)
-            who = 'every rank' if len(kept) == len(self.ranks) else f"rank(s) {', '.join(kept)}"
+            named = lambda i: _ranks(*self.ranks[i].get('span', (i, i))[:2],
+                                     self.ranks[i].get('count', 1))
+            who = 'every rank' if len(kept) == len(self.ranks) else \
+                f"rank(s) {', '.join(map(named, kept))}"
             out.append(f"host: {who} with room for glibc's slack ({GLIBC_SLACK:g}× the "
                        f"prediction): freed memory kept for reuse, RSS above the prediction")
         if self.step_time:
@@ -132,6 +142,10 @@ class Plan:
         if self.advice:
             out.append(('advice: ' if not self.fits else 'note: ') + self.advice)
         return '\n'.join(out)
+
+
+def _ranks(a, b, k):  # k ranks from a to b: "3", "0-63", or "32 of 0-63" (not consecutive)
+    return f"{a}" if a == b else f"{a}-{b}" if b - a + 1 == k else f"{k:,} of {a}-{b}"
 
 
 def host_line(ranks):

@@ -12,7 +12,7 @@ import math
 from collections import Counter
 from dataclasses import replace
 
-from hetgpt import clock, costs
+from hetgpt import clock, cluster, costs
 from hetgpt.balance import lockstep_count, pieces, split, weighted
 from hetgpt.costs import counts, flops_per_sequence, optimizer_updates_shards_alone
 from hetgpt.decision import Plan
@@ -28,7 +28,8 @@ HOST_FRACTION = 0.9
 
 
 def _normalise(ranks, fraction):
-    out = [dict(dict(gpu=None, node=0, host_mem=None), **r) for r in ranks]
+    # (ranks: entries, each of `count` identical ranks: hetgpt/cluster.py)
+    out = cluster.normalise([dict(dict(gpu=None, node=0, host_mem=None), **r) for r in ranks])
     for r in out:
         r.setdefault('device', 'cuda' if r['gpu'] else 'cpu')
         # (a running rank's, from torch; a planned one's, from the GPU table)
@@ -87,8 +88,10 @@ def _evaluate_one(cfg, batch, ranks, strategy, mbs, inter_node_bw, accumulate, w
     # DDP+AC each rank checkpoints only if that is faster (a rank that cannot hold one sequence
     # without it; not one whose micro-batch without it is merely smaller). Each rank computes in
     # its r['dtype'].
-    f, R = flags(strategy), len(ranks)
-    per_node = Counter(r['node'] for r in ranks)
+    # ranks: entries of identical ranks (cluster.py): caps, ac, need are per entry; the split
+    # (share, runs, predicted) per part of an entry (clock.step's parts).
+    f, R = flags(strategy), cluster.world(ranks)
+    per_node = cluster.per_node(ranks)
     used = lambda r, e: held(r['device'], e)
     est = lambda r, b, micro_batches=2, s=strategy: estimate(
         cfg, s, b, R, r['dtype'], per_node[r['node']], r['overhead'], r['device'], accumulate,
@@ -111,9 +114,8 @@ def _evaluate_one(cfg, batch, ranks, strategy, mbs, inter_node_bw, accumulate, w
         return memo[key]
 
     caps = [cap(r, strategy) for r in ranks]
-    host_need = Counter()  # a node's host bytes: its GPU ranks' (CPU ranks: in their budget)
-    for r in ranks:
-        host_need[r['node']] += est(r, 0)['host_rank'] * (r['device'] == 'cuda')
+    # a node's host bytes: its GPU ranks' (CPU ranks: in their budget)
+    host_need = cluster.per_node(ranks, lambda r: est(r, 0)['host_rank'] * (r['device'] == 'cuda'))
     host_ok = all(r['host_mem'] is None or host_need[r['node']] <= r['host_budget']
                   for r in ranks)
     result = dict(strategy=strategy, accumulate=accumulate, caps=caps, host_need=host_need,
@@ -123,28 +125,30 @@ def _evaluate_one(cfg, batch, ranks, strategy, mbs, inter_node_bw, accumulate, w
         return result
     # Time (clock.py). Under DDP+AC a rank checkpoints if its seconds per sequence are fewer.
     per_sequence = lambda r, ac, cap: clock.per_sequence(cfg, r, ac, f['shard'], cap)
-    ac = [f['ac']] * R
+    ac = [f['ac']] * len(ranks)
     if f['ac'] and not f['shard'] and choose:
         plain = [cap(r, 'ddp') for r in ranks]
         ac = [not p or per_sequence(r, True, c) < per_sequence(r, False, p)
               for r, c, p in zip(ranks, caps, plain)]
         caps = [c if a else p for a, c, p in zip(ac, caps, plain)]
         result['caps'] = caps
-    ranks_strategy = [strategy if a else 'ddp' for a in ac] if not f['shard'] else [strategy] * R
-    step, share, rs = clock.step(cfg, batch, ranks, f, caps, ac, accumulate, weights,
-                                 inter_node_bw)
-    result['runs'] = rs
-    largest = [max(n for n, k in r if k) for r in rs]
-    predicted = [est(r, max(b, 1), count, s)
-                 for r, b, count, s in zip(ranks, largest, _counts(result), ranks_strategy)]
+    ranks_strategy = [strategy if a else 'ddp' for a in ac] if not f['shard'] else \
+        [strategy] * len(ranks)
+    step, parts = clock.step(cfg, batch, ranks, f, caps, ac, accumulate, weights, inter_node_bw)
+    result.update(parts=[(i, k) for i, k, _, _ in parts], runs=[rs for *_, rs in parts])
+    largest = [max(n for n, k in r if k) for r in result['runs']]
+    predicted = [est(ranks[i], max(b, 1), count, ranks_strategy[i])
+                 for (i, _), b, count in zip(result['parts'], largest, _counts(result))]
     peaks = [clock.peak(r, r['dtype']) for r in ranks]
-    mfu = costs.mfu(cfg, batch, step, sum(peaks) if all(peaks) else None)
-    result.update(share=share, predicted=predicted, step=step, mfu=mfu, ac=ac,
+    mfu = costs.mfu(cfg, batch, step, sum(p * r['count'] for p, r in zip(peaks, ranks))
+                    if all(peaks) else None)
+    result.update(share=[x for _, _, x, _ in parts], predicted=predicted, step=step, mfu=mfu,
+                  ac=ac,
                   tokens_per_sec=batch * cfg.block_size / step)
     return result
 
 
-def _counts(result):  # micro-batches per rank of an _evaluate_one result
+def _counts(result):  # micro-batches per part of an _evaluate_one result
     return [sum(k for _, k in r) for r in result['runs']]
 
 
@@ -157,9 +161,12 @@ def _expand(rs):  # runs as the list of sizes train.py iterates over
 
 def _grow(ranks, k):
     # The same mix of devices k times over, with the nodes filled as now (8 per node if one).
-    per = max(Counter(r['node'] for r in ranks).values())
-    per = 8 if len({r['node'] for r in ranks}) == 1 and per < 8 else per
-    return [dict(r, node=i // per) for i, r in enumerate(ranks * k)]
+    # (The advice grows a mix of at most 4,096 ranks: one by one, in rank order.)
+    per = max(cluster.per_node(ranks).values())
+    per = 8 if cluster.node_count(ranks) == 1 and per < 8 else per
+    keep = lambda r: {x: v for x, v in r.items()
+                      if x not in ('count', 'node', 'nodes', 'rank', 'stride')}
+    return cluster.layout([(1, keep(r)) for r in cluster.expand(ranks)] * k, per)
 
 
 def _advice(cfg, batch, ranks, plan, tried, mbs, inter_node_bw, results):
@@ -171,15 +178,19 @@ def _advice(cfg, batch, ranks, plan, tried, mbs, inter_node_bw, results):
         over = lambda r, i: r['need'][i][0] / r['need'][i][1]
         worst = [(max(range(len(ranks)), key=lambda i: over(r, i)), r) for r in results]
         i, r = min(worst, key=lambda w: over(w[1], w[0]))
-        why = (f"{r['strategy']} needs {r['need'][i][0] / GiB:,.1f} GiB on rank {i} "
-               f"({ranks[i]['gpu'] or 'cpu'}) at {max(1, mbs)} sequence(s) per micro-batch, "
+        alike = f", and {ranks[i]['count'] - 1:,} alike" if ranks[i]['count'] > 1 else ''
+        why = (f"{r['strategy']} needs {r['need'][i][0] / GiB:,.1f} GiB on rank "
+               f"{ranks[i]['rank']} ({ranks[i]['gpu'] or 'cpu'}{alike}) "
+               f"at {max(1, mbs)} sequence(s) per micro-batch, "
                f"budget {r['need'][i][1] / GiB:,.1f}")
     for r in results:
         if r['device_ok'] and not r['host_ok']:
             node = max(r['host_need'], key=r['host_need'].get)
-            host_budget = next(x['host_budget'] for x in ranks if x['node'] == node)
+            x = next(x for x in ranks if x['node'] == node)
+            where = f"node {node}" if x['nodes'] == 1 else \
+                f"each of nodes {node}-{node + x['nodes'] - 1}"
             why += (f"{r['strategy']} fits the device but needs {r['host_need'][node] / GiB:,.0f} "
-                    f"GiB of host memory on node {node}, budget {host_budget / GiB:,.0f}")
+                    f"GiB of host memory on {where}, budget {x['host_budget'] / GiB:,.0f}")
             break
     ways, needs = [], {}
     for r in results:
@@ -192,24 +203,26 @@ def _advice(cfg, batch, ranks, plan, tried, mbs, inter_node_bw, results):
         fits = lambda k: any('step' in _evaluate(cfg, batch, _grow(ranks, k), s, mbs,
                                                  inter_node_bw) for s in tried)
         lo, hi = 1, 2
-        while hi * len(ranks) <= 4096 and not fits(hi):
+        while hi * cluster.world(ranks) <= 4096 and not fits(hi):
             lo, hi = hi, hi * 2
-        if hi * len(ranks) <= 4096:
+        if hi * cluster.world(ranks) <= 4096:
             while hi - lo > 1:
                 mid = (lo + hi) // 2
                 lo, hi = (lo, mid) if fits(mid) else (mid, hi)
             grown = _grow(ranks, hi)
-            kinds = Counter(r['gpu'] or 'GPU' for r in grown)
-            needs['gpus'] = len(grown)
-            nodes = len({r['node'] for r in grown})
+            kinds = Counter()
+            for r in grown:
+                kinds[r['gpu'] or 'GPU'] += r['count']
+            needs['gpus'] = cluster.world(grown)
+            nodes = cluster.node_count(grown)
             ways.append(' + '.join(f"{c}×{g}" for g, c in kinds.items())
                         + f" ({nodes} node(s), same host memory per node)")
     for s in tried:  # the states fit but not one micro-batch: the longest block_size that would,
         # a power of two (found by bisection: each size tried is one more measurement of the net)
         r = next(r for r in results if r['strategy'] == s)
         if r['host_ok'] and not r['device_ok']:
-            ok = lambda t: _evaluate(replace(cfg, block_size=t), max(1, mbs) * len(ranks), ranks,
-                                     s, mbs, inter_node_bw)['device_ok']
+            ok = lambda t: _evaluate(replace(cfg, block_size=t), max(1, mbs) * cluster.world(ranks),
+                                     ranks, s, mbs, inter_node_bw)['device_ok']
             sizes = [2**k for k in range(cfg.block_size.bit_length()) if 2**k < cfg.block_size]
             lo, hi = -1, len(sizes)  # sizes[lo] fits (-1: none), sizes[hi] does not
             while hi - lo > 1:
@@ -227,7 +240,8 @@ def make_plan(cfg, batch_size, ranks, plan='auto', micro_batch_size=0,
               init_device='auto'):
     # ranks: one dict per rank: device 'cuda'|'cpu', gpu (GPUS key or None), mem (device bytes the
     # rank may use; a CPU rank: its share of host memory), host_mem (its node's host bytes, None =
-    # not checked), node, overhead (bytes outside PyTorch's allocator; None = default). Every
+    # not checked), node, overhead (bytes outside PyTorch's allocator; None = default); or one per
+    # kind of identical ranks, with their count and nodes (hetgpt/cluster.py: plan.py's). Every
     # candidate that fits is timed; the fastest wins (ties: lower rung). weights: split the batch
     # in proportion to them (balance=even or w1,w2,...) instead of by speed. dtype: train.py's
     # knob: auto (each rank's own, r['dtype'] or native_dtype; one under FSDP, the fastest), one
@@ -237,10 +251,12 @@ def make_plan(cfg, batch_size, ranks, plan='auto', micro_batch_size=0,
     assert plan == 'auto' or plan in STRATEGIES, \
         f"plan={plan!r}: choose auto or one of {', '.join(STRATEGIES)}"
     assert set(given) <= {'auto', *DTYPES}, f"dtype={dtype!r}: auto or some of {DTYPES}"
-    if given != ['auto'] and len(given) not in (1, len(ranks)) or 'auto' in given[1:]:
-        die(f"dtype={dtype}: give auto, one dtype, or one per rank ({len(ranks)}), like "
-            + ','.join(['bfloat16'] * len(ranks)))
+    R = cluster.world(ranks)
+    if given != ['auto'] and len(given) not in (1, R) or 'auto' in given[1:]:
+        die(f"dtype={dtype}: give auto, one dtype, or one per rank ({R}), like "
+            + ','.join(['bfloat16'] * min(R, 8)) + (',...' if R > 8 else ''))
     if given != ['auto']:
+        assert len(given) == 1 or R == len(ranks), "a dtype per rank: one entry per rank"
         ranks = [dict(r, dtype=given[i % len(given)]) for i, r in enumerate(ranks)]
     tried = STRATEGIES if plan == 'auto' else (plan,)
     # what rules FSDP out: plan=auto leaves it untried, a plan that names it is refused
@@ -269,10 +285,11 @@ def make_plan(cfg, batch_size, ranks, plan='auto', micro_batch_size=0,
                 advice += f" plan=auto fits ({auto.strategy})."
                 needs['plan'] = auto.strategy
         best = dict(results[-1])  # the last rung tried, shown at one sequence per rank
-        per_node = Counter(x['node'] for x in ranks)
+        per_node = cluster.per_node(ranks)
         best.update(share=[0] * len(ranks), runs=[[(1, 1)]] * len(ranks), step=0.0, mfu=None,
                     tokens_per_sec=0.0, ac=[flags(best['strategy'])['ac']] * len(ranks),
-                    predicted=[estimate(cfg, best['strategy'], 1, len(ranks), d,
+                    parts=[(i, r['count']) for i, r in enumerate(ranks)],
+                    predicted=[estimate(cfg, best['strategy'], 1, R, d,
                                         per_node[r['node']], r['overhead'], r['device'])
                                for r, d in zip(ranks, best['dtypes'])])
     elif any(r['host_mem'] is None for r in ranks) and flags(best['strategy'])['offload']:
@@ -280,20 +297,30 @@ def make_plan(cfg, batch_size, ranks, plan='auto', micro_batch_size=0,
     # Where the weights are first made: 'cpu', the whole model on the host (the same weights under
     # every strategy), when each node holds a float32 copy per rank in half its memory; else
     # 'meta', each rank making only its own shard after wrapping.
-    per_node, total = Counter(r['node'] for r in ranks), counts(cfg)['total']
+    per_node, total = cluster.per_node(ranks), counts(cfg)['total']
     if init_device == 'auto':
         init_device = 'cpu' if all(r['host_mem'] is None or 4 * total * per_node[r['node']]
                                    < r['host_mem'] / 2 for r in ranks) else 'meta'
-    f = flags(best['strategy'])
-    return Plan(strategy=best['strategy'], **{**f, 'ac': best['ac']}, init_device=init_device,
+    # The plan's lists hold one item per part of the split (an entry, or the first ranks of an
+    # entry that get one sequence more): one per rank when train.py plans its ranks.
+    f, parts, taken = flags(best['strategy']), best['parts'], Counter()
+    shown = []
+    for i, k in parts:
+        shown.append(dict(ranks[i], count=k, span=cluster.span(ranks[i], taken[i], k)))
+        taken[i] += k
+    each = lambda values: [values[i] for i, _ in parts]
+    dtypes = best['dtypes']
+    return Plan(strategy=best['strategy'], **{**f, 'ac': each(best['ac'])},
+                init_device=init_device,
                 reduce_every_micro_batch=f['shard'] and not best['accumulate'],
-                caps=best['caps'], share=best['share'], sizes=[_expand(r) for r in best['runs']],
+                caps=each(best['caps']), share=best['share'],
+                sizes=[_expand(r) for r in best['runs']],
                 predicted=best['predicted'], step_time=best['step'],
                 tokens_per_sec=best['tokens_per_sec'], mfu=best['mfu'], fits=bool(feasible),
-                advice=advice, needs=needs, ranks=ranks, batch_size=batch_size,
+                advice=advice, needs=needs, ranks=shown, batch_size=batch_size,
                 block_size=cfg.block_size, n_params=total, weights=weights,
-                dtype=best['dtypes'][0] if len(set(best['dtypes'])) == 1 else 'mixed',
-                dtypes=best['dtypes'], dtype_steps=best['dtype_steps'],
+                dtype=dtypes[0] if len(set(dtypes)) == 1 else 'mixed',
+                dtypes=each(dtypes), dtype_steps=best['dtype_steps'],
                 candidates=[(r['strategy'], 'step' in r, r.get('step')) for r in results],
                 config=cfg)
 

@@ -77,11 +77,19 @@ def batch_of(batch_size, gradient_accumulation_steps=0, micro_batch_size=0):
     return batch_size, micro_batch_size
 
 
+def feeds(batch_size, world_size):
+    # A batch of fewer sequences than ranks is a mistake (train.py's and plan.py's one line); so
+    # is more ranks than the largest batch
+    if batch_size < world_size:
+        die(f"batch_size={batch_size} cannot feed {world_size} ranks: " + (
+            "raise it or use fewer ranks" if world_size <= MAX_BATCH else
+            f"at most {MAX_BATCH:,} ranks (2**24, the largest batch_size); use fewer ranks"))
+
+
 def split_weights(balance, batch_size, world_size):
     # train.py's batch over its ranks: the balance knob's weights, 'auto' (None: by measured
     # speed), 'even', or one per rank; a batch of fewer sequences than ranks is a mistake
-    if batch_size < world_size:
-        die(f"batch_size={batch_size} cannot feed {world_size} ranks: raise it or use fewer ranks")
+    feeds(batch_size, world_size)
     if balance in ('auto', 'even'):
         return None if balance == 'auto' else [1.0] * world_size
     weights = [float(w) for w in balance.split(',') if re.fullmatch(r'\d+(\.\d*)?', w)]

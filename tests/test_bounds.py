@@ -1,9 +1,12 @@
 """
 Issue 23 (item 3): planning takes bounded time whatever the global batch, and every knob has an
 upper bound where a larger value can only be a slip. A hang shows here as a subprocess timeout.
+Issue 36 (item 4): and whatever the count of identical GPUs (hetgpt/cluster.py).
 """
 import heapq
 import json
+import tracemalloc
+from collections import Counter
 import os
 import random
 import subprocess
@@ -14,9 +17,13 @@ import pytest
 import trainer
 from trainer import ROOT, TINY, run_train, train_defaults, train_rules
 from hetgpt import balance
+from hetgpt import clock
+from hetgpt import planner
+from hetgpt.cluster import expand
 import configurator
 from hetgpt import shape
 import plan
+from test_plan import load
 
 PLAN = [sys.executable, os.path.join(ROOT, 'plan.py')]
 BOUNDED = {'gradient_accumulation_steps', 'batch_size', 'micro_batch_size', 'max_iters', 'n_layer',
@@ -63,10 +70,11 @@ for name, gpus, host in {[('gpt_tiny', '2xcpu', 16),
                           ('gpt_175b', '1xH200', None)]}:
     d = runpy.run_path(f'configs/{{name}}.py')
     cfg = config_from({{k: v for k, v in d.items() if not k.startswith('_')}})
-    p = planner.make_plan(cfg, shape.MAX_BATCH, plan._cluster(gpus, 0, host))
-    out.append(dict(name=name, fits=p.fits, shard=p.shard, share=p.share, cap=p.caps,
-                    total=sum(map(sum, p.sizes)), sums=list(map(sum, p.sizes)),
-                    largest=[max(m) for m in p.sizes], counts=p.accum))
+    p = planner.make_plan(cfg, shape.MAX_BATCH, plan._cluster(gpus, None, host))
+    per = lambda xs: [x for x, r in zip(xs, p.ranks) for _ in range(r['count'])]  # (rank by rank)
+    out.append(dict(name=name, fits=p.fits, shard=p.shard, share=per(p.share), cap=per(p.caps),
+                    total=sum(map(sum, per(p.sizes))), sums=list(map(sum, per(p.sizes))),
+                    largest=[max(m) for m in per(p.sizes)], counts=per(p.accum)))
 print(json.dumps(out))
 """
 
@@ -167,3 +175,80 @@ def test_the_split_at_once_is_the_greedy_split_and_lockstep_holds_the_batch():
             pytest.approx(sum(map(max, zip(*each))), rel=1e-9)
         assert balance.step_time(sizes, c0, c1, False) == \
             pytest.approx(max(map(sum, each)), rel=1e-9)
+
+
+# -----------------------------------------------------------------------------
+# Identical ranks as one entry (issue 36): what plan.py lays out, against the same ranks one by one
+# (one entry per rank: train.py's path, whose plans on these clusters were those of the planner
+# before grouping, f1497e5). Each case a way ranks group or the split runs.
+GROUPED = [  # --gpus, --nodes, --host_mem (GiB), batch, plan
+    ('4xA100-80GB,4xV100-32GB,4xA100-80GB,4xV100-32GB', 2, None, 528, 'auto'),  # interleaved kinds
+    ('3xA100-80GB,9xV100-32GB,5xH100-SXM', 3, 256, 528, 'fsdp+offload'),  # nodes across kinds,
+    ('3xA100-80GB,9xV100-32GB,5xH100-SXM', 3, None, 528, 'ddp'),  # a smaller last node, hosts
+    ('20xH100-SXM', None, None, 530, 'auto'),  # ranks alike with 27 and 26 sequences
+    ('12xA100-80GB,4xV100-32GB', None, None, 5000, 'fsdp'),  # above balance.EXACT: lockstep,
+    ('12xA100-80GB,4xV100-32GB', None, None, 5000, 'ddp'),  # and the split at once
+    ('2xRTX2080Ti', None, 16, 64, 'auto')]  # does not fit: the advice grows the mix
+
+
+def test_a_plan_of_identical_ranks_as_one_entry_is_the_plan_rank_by_rank():
+    cfg, _ = load('gpt_1p3b')
+    for gpus, nodes, host, batch, strategy in GROUPED:
+        entries = plan._cluster(gpus, nodes, host)
+        ranks = expand(entries)
+        assert len(entries) < len(ranks), gpus  # (grouped)
+        grouped, reference = (planner.make_plan(cfg, batch, x, plan=strategy)
+                              for x in (entries, ranks))
+        decided = lambda p: (p.fits, p.strategy, p.step_time, p.tokens_per_sec, p.mfu,
+                             p.init_device, p.candidates, p.dtype, p.dtype_steps, p.needs)
+        assert decided(grouped) == decided(reference), gpus
+        # each rank's share, micro-batches and memory, as a multiset per kind of GPU
+        per_rank = lambda p: sorted(
+            (r['gpu'], p.share[i], p.caps[i], p.sizes[i], p.ac[i], p.dtypes[i],
+             p.predicted[i]['total'], p.predicted[i]['host'])
+            for i, r in enumerate(p.ranks) for _ in range(r['count']))
+        assert per_rank(grouped) == per_rank(reference), gpus
+    assert [decided(p)[:2] for p in (grouped, reference)] == [(False, 'fsdp+ac+offload')] * 2
+
+
+def test_planning_does_not_grow_with_the_count_of_identical_ranks(monkeypatch):
+    # An H100 and two A100s, once and 2**22 times over (12,582,912 GPUs), at the largest batch:
+    # the same calls to the estimator and the clock, as many lines of table, and no more memory
+    # (a list of one item per rank would be 100 MB; the 3 ranks' micro-batch lists are longer)
+    cfg, _ = load('gpt_1p3b')
+    calls = Counter()
+    for module, name in ((planner, 'estimate'), (clock, 'compute')):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, real=real, name=name, **k:
+                            calls.update([name]) or real(*a, **k))
+    seen = []
+    for times in (1, 2**22):
+        ranks = plan._cluster(f'{times}xH100-SXM,{2 * times}xA100-80GB', None, None)
+        planner.make_plan(cfg, shape.MAX_BATCH, ranks, plan='ddp')  # (the model measured once)
+        calls.clear()
+        tracemalloc.start()
+        p = planner.make_plan(cfg, shape.MAX_BATCH, ranks, plan='ddp')
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert p.fits and sum(x * r['count'] for x, r in zip(p.share, p.ranks)) == shape.MAX_BATCH
+        seen.append((dict(calls), len(p.table().splitlines()), peak))
+    (calls_1, lines_1, peak_1), (calls_n, lines_n, peak_n) = seen
+    assert calls_1 == calls_n and calls_1['estimate'] > 0 and calls_1['compute'] > 0
+    assert lines_1 == lines_n and peak_n < peak_1 + 2**20, (peak_1, peak_n)
+
+
+def test_plan_answers_any_count_of_gpus(capsys):
+    # 2**24 H100s at the largest batch: a plan of one row, a torchrun line for all their nodes; a
+    # GPU more, a billion, a count of 41 digits: one line naming the bound
+    tiny = os.path.join(ROOT, 'configs', 'gpt_tiny.py')
+    assert plan.main([tiny, '--gpus=16777216xH100-SXM', '--batch_size=16777216']) == 0
+    out = capsys.readouterr().out
+    assert [line.split()[:3] for line in out.splitlines() if ' pred ' in line] == \
+        [['0-16777215', '0-2097151', 'H100-SXM']], out
+    assert 'nodes 0-2097151: torchrun --nnodes=2097152 --node_rank=NODE --nproc_per_node=8 ' in out
+    for count in ('16777217', '1000000000', '1' + '0' * 40):
+        with pytest.raises(SystemExit) as e:
+            plan.main([tiny, f'--gpus={count}xH100-SXM', '--batch_size=16777216'])
+        out, err = capsys.readouterr()
+        assert e.value.code == 2 and not out and err.count('\n') == 1, err
+        assert 'at most 16,777,216 ranks' in err, err

@@ -21,6 +21,7 @@ from hetgpt import gpus
 from hetgpt import ladder
 from hetgpt import memory
 from hetgpt import planner
+from hetgpt.cluster import expand
 import plan
 from configurator import configure
 from model import GPT, GPTConfig, config_from
@@ -544,7 +545,8 @@ PLAN_MISTAKES = [  # (arguments after configs/gpt_tiny.py, what the error line s
     ('--gpus 2xA100-80GB+2xV100-32GB', 'cannot read'), ('--gpus 2xA100-80GB 2xV100-32GB', 'give config files'),
     ('--gpus 12xH100-SXM --nodes 5', 'one of 1, 2, 3, 4, 6, 12'),
     ('--host_mem -1', '--host_mem'), ('--host_mem 0', '--host_mem'),
-    ('--host_mem nan', '--host_mem'), ('--nodes -1', '--nodes'),
+    ('--host_mem nan', '--host_mem'), ('--nodes -1', '--nodes'), ('--nodes 0', '--nodes 0: must be >= 1'),
+    ('--gpus 9xH100-SXM', 'batch_size=8 cannot feed 9 ranks'),  # as train.py says it
     ('--nodes 3 --gpus 2xH100-SXM', 'one per node'), ('--micro_batch_size=-1', 'micro_batch_size=-1'),
     ('--memory_fraction=0', 'memory_fraction=0'), ('--memory_fraction=1.5', 'memory_fraction'),
     ('--inter_node_gbs 0', '--inter_node_gbs'), ('--inter_node_gbs inf', '--inter_node_gbs'),
@@ -670,7 +672,7 @@ def test_what_each_gpu_kind_adds_and_the_dtype_each_computes_in(capsys):
     # --dtype=bfloat16, that auto is faster.
     import re
     v100 = {'bfloat16': 15.7, 'float16': 125}
-    ranks = plan._cluster('2xA100-80GB,2xV100-32GB', 2, None)
+    ranks = expand(plan._cluster('2xA100-80GB,2xV100-32GB', 2, None))  # (rank by rank)
     cfg, batch = load('gpt_1p3b')
     for dtype in ('bfloat16', 'float16', 'auto'):
         p = planner.make_plan(cfg, batch, ranks, dtype=dtype)

@@ -122,3 +122,29 @@ def test_rebalance_moves_only_for_a_clear_gain():
     new, c1 = rebalance(sizes, [4, 4], c0, [1.0, 1.0], [4.0, 8.0], lockstep=True)
     assert [len(m) for m in new] == [2, 2] and sum(map(sum, new)) == 8
     assert balance.step_time(new, c0, c1, True) < balance.step_time(sizes, c0, c1, True)
+
+
+def test_an_entry_of_identical_ranks_splits_as_its_ranks_one_by_one():
+    # split_batch(counts=...): an entry standing for k identical ranks gets, as runs of shares in
+    # rank order, exactly what the same ranks given one by one get: the greedy, the split at once
+    # above balance.EXACT, lockstep (its fill, and above EXACT every micro-batch alike); ties (equal
+    # speeds, c1 = 0) included
+    rng = random.Random(36)
+    seen = set()
+    for _ in range(700):
+        E = rng.randint(1, 4)
+        k = [rng.choice([1, 2, 3, 5, 8]) for _ in range(E)]
+        c0 = [rng.choice([0.0, 0.1, 1.0, rng.random()]) for _ in range(E)]
+        c1 = [rng.choice([0.0, 1 / 3, 0.5, 1.0, rng.random()]) for _ in range(E)]
+        large = rng.random() < 0.3
+        caps = [rng.randint(300, 3000) if large else rng.choice([1, 3, 7, rng.randint(1, 40)])
+                for _ in range(E)]
+        count = rng.choice([None, None, 2, 3, 5])
+        batch = rng.randint(0, (count or 1) * sum(c * n for c, n in zip(caps, k)))
+        one_by_one = lambda xs: [x for x, n in zip(xs, k) for _ in range(n)]
+        expected = split_batch(batch, one_by_one(c0), one_by_one(c1), one_by_one(caps), count)
+        runs = split_batch(batch, c0, c1, caps, count, counts=k)
+        assert [x for entry in runs for x, n in entry for _ in range(n)] == expected
+        assert all(sum(n for _, n in entry) == m for entry, m in zip(runs, k))
+        seen.add((batch > balance.EXACT, count is not None, max(k) > 1))
+    assert len(seen) == 8  # every path, with entries of several ranks and without
