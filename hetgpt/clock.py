@@ -194,7 +194,8 @@ def per_sequence(cfg, rank, ac, shard, micro):  # seconds per sequence at this m
 def bandwidth(ranks, inter_node_bw):
     # NCCL's bus bandwidth (nccl-tests' busbw) for these ranks, bytes/s: an all-gather or a
     # reduce-scatter of S bytes over N ranks takes (N-1)/N S / busbw, an all-reduce twice that.
-    # Inside a node: the GPUs' link (NVLink; PCIe between unlike GPUs). Between nodes NCCL runs
+    # Inside a node: the GPUs' link (NVLink; PCIe between unlike GPUs in one node), the slowest
+    # node's bounding the ring. Between nodes NCCL runs
     # its rings (channels) through all of a node's NICs at once, so a node's boundary carries the
     # sum of its NICs: each GPU's share 'net' (or inter_node_bw), summed over the node's GPUs,
     # the slowest node bounding (NVIDIA on nccl-tests#267: all-to-all alone is held to one NIC).
@@ -202,9 +203,11 @@ def bandwidth(ranks, inter_node_bw):
     # gloo for CPU ranks.
     if any(r['device'] == 'cpu' for r in ranks):
         return CPU_COMM_BW
-    kinds = {r['gpu'] for r in ranks}
-    intra = _dev(ranks[0])['p2p'] if len(kinds) == 1 else min(_dev(r)['host'] for r in ranks)
-    intra = LINK_EFFICIENCY * intra * 1e9
+    kinds = {}  # node -> the kinds of GPU in it
+    for r in ranks:
+        kinds.setdefault(r['node'], set()).add(r['gpu'])
+    link = lambda r: _dev(r)['p2p'] if len(kinds[r['node']]) == 1 else _dev(r)['host']
+    intra = LINK_EFFICIENCY * min(link(r) for r in ranks) * 1e9
     nics = cluster.per_node(ranks, lambda r: inter_node_bw or _dev(r)['net'] * 1e9)
     return intra if cluster.node_count(ranks) == 1 else \
         min(intra, NIC_EFFICIENCY * min(nics.values()))

@@ -330,6 +330,15 @@ def test_between_nodes_nccl_drives_every_nic_of_a_node():
         two_nodes = planner._normalise(cluster(gpu, 16), 0.9)
         expected = min(inside, nics * line_rate * achieved)
         assert clock.bandwidth(two_nodes, None) == pytest.approx(expected, rel=0.02), gpu
+    # a node of H100s beside a node of A100s: each node's own NVLink ring (the A100's 300 GB/s the
+    # slower, at the 0.7 that nccl-tests reach of it) and the A100 node's NICs bound the ring;
+    # PCIe (31.5 GB/s) only where unlike GPUs share a node
+    mixed = planner._normalise(cluster('H100-SXM', 8) + [dict(r, node=1) for r in cluster('A100-80GB', 8)],
+                               0.9)
+    assert clock.bandwidth(mixed, None) == pytest.approx(min(0.7 * 300e9, 8 * 200e9 / 8 * achieved),
+                                                         rel=0.02)
+    shared = planner._normalise(cluster('H100-SXM', 4) + cluster('A100-80GB', 4), 0.9)
+    assert clock.bandwidth(shared, None) == pytest.approx(0.7 * 31.5e9, rel=0.02)
     # --inter_node_gbs is per GPU: a node of one GPU has that much, a node of eight 8 times it
     one_each = planner._normalise(cluster('H100-SXM', 2, per_node=1), 0.9)
     assert clock.bandwidth(one_each, 1e9) == pytest.approx(achieved * 1e9, rel=0.02)
