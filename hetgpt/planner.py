@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from hetgpt import clock, cluster, costs
 from hetgpt.balance import lockstep_count, pieces, split, weighted
-from hetgpt.costs import counts, flops_per_sequence, optimizer_updates_shards_alone
+from hetgpt.costs import counts, optimizer_updates_shards_alone
 from hetgpt.decision import Plan
 from hetgpt.errors import die
 from hetgpt.gpus import GPUS
