@@ -11,11 +11,13 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from hetgpt import optim, parallel, planner  # noqa: E402
+from hetgpt import errors, optim, parallel, planner  # noqa: E402
 from model import GPT, GPTConfig, make_optimizer  # noqa: E402
 
 strategy, dtypes, out = sys.argv[1:4]
+errors.last_at_exit()  # ends as train.py does, without the interpreter's teardown (errors.py)
 dist.init_process_group('gloo')
+errors.skip_teardown()
 rank, world = dist.get_rank(), dist.get_world_size()
 cfg = GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32, dropout=0.0,
                 bias=False)
@@ -46,3 +48,4 @@ for it in range(3):
         f.write(f"rank {rank} it {it} dtype {plan.dtypes[rank]} skipped {bool(bad)} "
                 f"scale {scaler.get_scale()} weights {digest:.10e}\n")
 dist.destroy_process_group()
+errors.end(0)
