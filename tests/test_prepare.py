@@ -1,9 +1,12 @@
 """
 data/prepare.py offline: the GPT-2 tokenizer of tokenizer.py (ids, ranks, hash check),
-.bin round trips from .txt/.jsonl/.parquet inputs, the streamed val split, bounded memory on a
-large .jsonl, progress, the pydocs corpus, and the user's mistakes: one line on stderr starting
-'error: ', exit status 2, nothing written.
+.bin round trips from .txt/.jsonl/.parquet inputs through datasets (cached and --streaming), the
+same bytes as before datasets (f1497e5) on these fixtures, the val split, bounded memory on a
+large .jsonl, datasets' progress bars, the pydocs corpus, OpenWebText from a hub laid out on
+local folders, and the user's mistakes: one line on stderr starting 'error: ', exit status 2,
+nothing written.
 """
+import hashlib
 import json
 import os
 import re
@@ -132,9 +135,10 @@ def documents(ids):
     return [gpt2_encoding().decode(p[:-1].tolist()) for p in pieces]
 
 
-def test_inputs_round_trip(tmp_path):
+@pytest.mark.parametrize("streaming", [[], ["--streaming"]])
+def test_inputs_round_trip(tmp_path, streaming):
     paths, docs = make_inputs(tmp_path / "in")
-    prepare.main(["--input", *paths, "--name", "mix", "--out_dir", str(tmp_path), "--val_fraction", "0.3", "--num_proc", "2"])
+    prepare.main(["--input", *paths, "--name", "mix", "--out_dir", str(tmp_path), "--val_fraction", "0.3", "--num_proc", "2", *streaming])
     meta, bins = load_split(tmp_path / "mix")
     assert meta["tokenizer"] == "gpt2" and meta["vocab_size"] == 50257 and meta["dtype"] == "uint16"
     assert meta["train_docs"] + meta["val_docs"] == 6 and meta["train_docs"] and meta["val_docs"]
@@ -187,6 +191,50 @@ def test_val_split_is_streamed_and_seeded(tmp_path):
     assert [i for i in prefix if i < 199] == [i for i in val if i < 199]
 
 
+def fixture_cases(folder):
+    """This file's fixtures as prepare.py's arguments, {case: [args]}, their inputs made in
+    folder: every kind of input, blanks and nulls, a literal "<|endoftext|>", seeds, --limit, a
+    single document, --text_field, OpenWebText's layout."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    paths, _ = make_inputs(folder / "mix")
+    docs = jsonl(folder / "docs.jsonl", [f"doc {i} of the corpus" for i in range(400)])
+    (folder / "only.txt").write_text("".join(f"line {i} of the only document\n" for i in range(100)))
+    texts = [f"body number {i}: some words" for i in range(5)]
+    pq.write_table(pa.table({"id": list(range(5)), "body": texts[3:] + [None] * 3}),
+                   folder / "b.parquet")
+    field = [jsonl(folder / "a.jsonl", texts[:3], field="body"), str(folder / "b.parquet")]
+    owt_copy(folder / "owt")
+    return {"mix": ["--input", *paths, "--val_fraction", "0.3"],
+            "seed7": ["--input", docs, "--val_fraction", "0.1", "--seed", "7"],
+            "seed8": ["--input", docs, "--val_fraction", "0.1", "--seed", "8"],
+            "limit": ["--input", docs, "--val_fraction", "0.1", "--seed", "7", "--limit", "200"],
+            "single": ["--input", str(folder / "only.txt"), "--val_fraction", "0.1"],
+            "field": ["--input", *field, "--text_field", "body"],
+            "owt": ["--dataset", "openwebtext", "--input", str(folder / "owt"),
+                    "--val_fraction", "0.25"]}
+
+
+def digest(folder):
+    return hashlib.sha256(b"".join((folder / f"{s}.bin").read_bytes()
+                                   for s in ("train", "val"))).hexdigest()[:16]
+
+
+# sha256 of train.bin + val.bin that data/prepare.py made before datasets (f1497e5) from
+# fixture_cases: recorded by `python tests/prepare_before.py`, which runs that version from git
+BEFORE = {'mix': '2f69b7e9a0f83a9e', 'seed7': '4334e098e1c646ab', 'seed8': '796a307df1e3fd16',
+          'limit': '9ad4d1f9a3d75623', 'single': 'fc50e24ec2f77152', 'field': 'dbdf3e89bb878b73',
+          'owt': '2722e90e3811b9b1'}
+
+
+@pytest.mark.parametrize("streaming", [[], ["--streaming"]])
+def test_the_same_bytes_as_before_datasets(tmp_path, streaming):
+    for case, args in fixture_cases(tmp_path / "in").items():
+        prepare.main([*args, "--name", case, "--out_dir", str(tmp_path / "out"),
+                      "--num_proc", "2", *streaming])
+        assert digest(tmp_path / "out" / case) == BEFORE[case], case
+
+
 def test_text_field(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -218,20 +266,10 @@ def test_folder_reports_the_files_it_skips(tmp_path):
         f"the document {name}\n" * 20 for name in ("a.txt", "sub/B.TXT"))
 
 
-def test_progress_lines_without_a_terminal(tmp_path, monkeypatch, capsys):
-    # no tqdm bar when stderr is not a terminal (a log, a pipe): a line every PROGRESS_SECONDS
-    monkeypatch.setattr(prepare, "PROGRESS_SECONDS", 0)
-    path = jsonl(tmp_path / "docs.jsonl", ["some text " * 300] * 2000)  # 6 MB: 6 batches
-    prepare.main(["--input", path, "--out_dir", str(tmp_path), "--num_proc", "1"])
-    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("tokenizing: ")]
-    size = os.path.getsize(path) / 1e6
-    assert len(lines) >= 5
-    assert lines[-1] == f"tokenizing: {size:,.1f} MB/{size:,.1f} MB (100%), ETA 0m00s"
-    line = r"tokenizing: [\d.,]+ MB/[\d.,]+ MB \(\d+%\), ETA \d+m\d\ds"
-    assert all(re.fullmatch(line, x) for x in lines), lines
-
-
-def test_progress_bar_on_a_terminal(tmp_path, monkeypatch):
+@pytest.mark.parametrize("streaming", [[], ["--streaming"]])
+def test_datasets_progress_bars_on_a_terminal(tmp_path, monkeypatch, streaming):
+    # datasets' bars (its map's, and one of its tqdm when streaming) on a terminal; none in a log
+    # (the tests' other runs), where they would be \r-joined updates around an error's one line
     import io
 
     class Terminal(io.StringIO):
@@ -239,16 +277,17 @@ def test_progress_bar_on_a_terminal(tmp_path, monkeypatch):
             return True
     monkeypatch.setattr(sys, "stderr", Terminal())
     path = jsonl(tmp_path / "docs.jsonl", ["some text " * 300] * 200)
-    prepare.main(["--input", path, "--out_dir", str(tmp_path), "--num_proc", "1"])
-    bar = sys.stderr.getvalue().split("\r")[-1]
-    total = f"{os.path.getsize(path) / 1e3:.0f}k"  # bytes, in tqdm's unit_scale: 605k
-    assert bar.startswith("tokenizing: 100%") and f"| {total}/{total} [" in bar, bar
+    prepare.main(["--input", path, "--out_dir", str(tmp_path), "--num_proc", "1", *streaming])
+    bar = [x for x in sys.stderr.getvalue().split("\r") if x.startswith("tokenizing")][-1]
+    done = "200 docs" if streaming else "100%|##########| 200/200"
+    assert bar.startswith(f"tokenizing: {done} ["), bar
 
 
 def test_large_jsonl_streams_in_bounded_memory(tmp_path):
-    # 250 MB of .jsonl, tokenized by 2 processes: the peak RSS of prepare.py and its workers is
-    # that of a run on a tiny file plus under a tenth of the file (before streaming, the texts
-    # alone were held: 1.9x the file). Words that are one GPT-2 token each tokenize fast, and
+    # --streaming on 2 threads, 62 MB of .jsonl then 250 MB: the peak RSS of prepare.py grows by
+    # under a quarter of the bytes added (a reader that held the texts would grow by all of
+    # them and more: before streaming, 1.9x the file; measured here: ~90 MB of working set, then
+    # 20 MB more for the larger file). Words that are one GPT-2 token each tokenize fast, and
     # make the token counts known: 300 + EOT a document.
     import random
     words = ("information international development government experience understanding "
@@ -257,31 +296,33 @@ def test_large_jsonl_streams_in_bounded_memory(tmp_path):
     rows = ({"text": "".join(" " + rng.choice(words) for _ in range(300)), "id": i}
             for i in range(1000))
     block = "".join(json.dumps(row) + "\n" for row in rows).encode()
-    path, n_docs = tmp_path / "big.jsonl", 0
-    with open(path, "wb") as f:
-        while f.tell() < 250e6:
-            f.write(block)
-            n_docs += 1000
-    (tmp_path / "tiny.jsonl").write_bytes(block[:block.index(b"\n") + 1] * 3)
+    n_docs = {}
+    for name, size in (("quarter", 62.5e6), ("big", 250e6)):
+        with open(tmp_path / f"{name}.jsonl", "wb") as f:
+            n_docs[name] = 0
+            while f.tell() < size:
+                f.write(block)
+                n_docs[name] += 1000
 
     def peak_rss(name):
-        # a fresh parent, whose only children are prepare.py and its workers
+        # a fresh parent, whose only child is prepare.py
         probe = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
                  "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); "
                  "sys.exit(r.returncode)")
         cmd = [sys.executable, "-c", probe, sys.executable, PREPARE,
-               "--input", str(tmp_path / name), "--out_dir", str(tmp_path), "--num_proc", "2"]
+               "--input", str(tmp_path / f"{name}.jsonl"), "--out_dir", str(tmp_path),
+               "--num_proc", "2", "--streaming"]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                            env={**os.environ, "OMP_NUM_THREADS": "1"})
         assert r.returncode == 0, r.stderr
+        meta = json.load(open(tmp_path / name / "meta.json"))
+        assert meta["train_docs"] + meta["val_docs"] == n_docs[name]
+        assert meta["train_tokens"] + meta["val_tokens"] == 301 * n_docs[name]
         return int(r.stdout.split()[-1]) * 1024  # ru_maxrss: KiB on Linux
-    base, peak = peak_rss("tiny.jsonl"), peak_rss("big.jsonl")
-    meta = json.load(open(tmp_path / "big" / "meta.json"))
-    assert meta["train_docs"] + meta["val_docs"] == n_docs
-    assert meta["train_tokens"] + meta["val_tokens"] == 301 * n_docs
-    size = path.stat().st_size
-    assert peak - base < size / 10, (f"peak RSS {peak / 2**20:.0f} MiB, {base / 2**20:.0f} MiB on "
-                                     f"a tiny file, for {size / 2**20:.0f} MiB")
+    base, peak = peak_rss("quarter"), peak_rss("big")
+    added = (tmp_path / "big.jsonl").stat().st_size - (tmp_path / "quarter.jsonl").stat().st_size
+    assert peak - base < added / 4, (f"peak RSS {peak / 2**20:.0f} MiB, {base / 2**20:.0f} MiB "
+                                     f"for a quarter of the file")
 
 
 def test_single_document_is_cut(tmp_path):
@@ -316,11 +357,11 @@ ERRORS = {  # case: (input file, its contents, what the message says besides the
     "missing": ("does/not/exist.txt", None, "does not exist"),
     "extension": ("notes.csv", "a,b\n", "unknown file type"),
     "empty": ("empty.txt", "  \n", "no usable documents"),
-    "bad_jsonl": ("bad.jsonl", '{"text": "ok"}\n{not json\n', "bad.jsonl:2"),
-    "no_text_field": ("other.jsonl", '{"text": "ok"}\n{"body": "x", "id": 2}\n',
-                      "other.jsonl:2: no 'text' field (its fields: body, id)"),
-    "text_not_string": ("number.jsonl", '{"text": 3}\n', "'text' is a number, not a string"),
-    "not_an_object": ("list.jsonl", '["text"]\n', "list.jsonl:1: an array, not a JSON object"),
+    "bad_jsonl": ("bad.jsonl", '{"text": "ok"}\n{not json\n', "cannot read bad.jsonl"),
+    "no_text_field": ("other.jsonl", '{"body": "x", "id": 2}\n',
+                      "other.jsonl has no 'text' field (its fields: body, id)"),
+    "text_not_string": ("number.jsonl", '{"text": 3}\n', "field 'text' holds int64, not text"),
+    "not_an_object": ("list.jsonl", '3\n', "cannot read list.jsonl"),
     "no_text_column": ("other.parquet", {"body": ["x"], "id": [1]},
                        "no 'text' column (its columns: body, id)"),
     "column_not_text": ("ints.parquet", {"text": [1, 2]}, "column 'text' holds int64, not text"),
@@ -409,24 +450,26 @@ def owt_copy(folder, rows=(30, 10)):
     return docs
 
 
-def no_load_dataset(monkeypatch):
+def spy_load_dataset(monkeypatch):
+    """The builders load_dataset is called with: "parquet", never the repository (its script)."""
     import datasets
-    calls = []
-    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: calls.append(a) or 1 / 0)
+    calls, real = [], datasets.load_dataset
+    monkeypatch.setattr(datasets, "load_dataset",
+                        lambda path, *args, **kw: calls.append(path) or real(path, *args, **kw))
     return calls
 
 
 def test_openwebtext_from_a_copy_laid_out_as_the_hub(tmp_path, monkeypatch):
-    # The hub's layout, read by the reader and split of local parquet: the same .bin files as
-    # --input of its parquet files; its script never runs, load_dataset is never called
+    # The hub's layout, read by load_dataset("parquet"): the same .bin files as --input of its
+    # parquet files; its script never runs
     docs = owt_copy(tmp_path / "owt")
-    calls = no_load_dataset(monkeypatch)
+    calls = spy_load_dataset(monkeypatch)
     common = ["--val_fraction", "0.25", "--num_proc", "1", "--out_dir", str(tmp_path / "out")]
     prepare.main(["--dataset", "openwebtext", "--input", str(tmp_path / "owt"), *common])
     prepare.main(["--input", str(tmp_path / "owt" / "plain_text"), "--name", "local", *common])
     meta, bins = load_split(tmp_path / "out" / "openwebtext")
     _, local = load_split(tmp_path / "out" / "local")
-    assert calls == [] and all((bins[s] == local[s]).all() for s in bins)
+    assert set(calls) == {"parquet"} and all((bins[s] == local[s]).all() for s in bins)
     assert meta["train_docs"] + meta["val_docs"] == len(docs) and meta["val_docs"] > 0
     enc = gpt2_encoding()
     assert meta["train_tokens"] + meta["val_tokens"] == sum(len(enc.encode_ordinary(d)) + 1 for d in docs)
@@ -442,49 +485,62 @@ def test_openwebtext_limit_reads_only_what_it_keeps(tmp_path, monkeypatch):
     prepare.main([*common, "--limit", "5"])
     meta, _ = load_split(tmp_path / "out" / "openwebtext")
     assert meta["train_docs"] + meta["val_docs"] == 5
-    r = run_cli(*common, "--name", "all")
-    assert "train-00001-of-00002.parquet" in mistake(r) and "cannot read" in mistake(r)
+    r = run_cli(*common, "--name", "all")  # (stdout: the copy's README and script, not read)
+    assert r.stdout == "skipped 2 files: 1 .md, 1 .py\n"
+    assert "train-00001-of-00002.parquet" in one_error_line(r) and "cannot read" in r.stderr
 
 
-def test_openwebtext_from_the_hub_falls_back_to_its_parquet_branch(tmp_path, monkeypatch):
-    # The hub as the hub client shows it (HfApi, HfFileSystem), here backed by local folders: main
-    # holds only the script, refs/convert/parquet the parquet files. They are read from the
-    # branch's commit, which meta.json names.
-    import fsspec.implementations.local
+@pytest.mark.parametrize("streaming", [[], ["--streaming"]])
+def test_openwebtext_from_the_hub_falls_back_to_its_parquet_branch(tmp_path, monkeypatch,
+                                                                    streaming):
+    # The hub as the hub client and datasets reach it (HfApi; hf:// paths through fsspec, and
+    # hf_hub_download into the cache), here on folders laid out as the repository at two commits:
+    # main holds only the loading script, refs/convert/parquet the parquet files. They are read
+    # at the branch's commit, which meta.json names; load_dataset is called with "parquet" only.
+    from types import SimpleNamespace
+
     import huggingface_hub
-    docs = owt_copy(tmp_path / "branch")
-    (tmp_path / "main").mkdir()
-    shutil.copy(tmp_path / "branch" / "openwebtext.py", tmp_path / "main")
+    from fsspec.implementations.dirfs import DirFileSystem
+    from fsspec.implementations.local import LocalFileSystem
+    repo, hub = "datasets/Skylion007/openwebtext", tmp_path / "hub"
     commits = {"main": "a" * 40, "refs/convert/parquet": "b" * 40}
-    folders = {"a" * 40: tmp_path / "main", "b" * 40: tmp_path / "branch"}
-    repo = "datasets/Skylion007/openwebtext@"
+    docs = owt_copy(hub / f"{repo}@{'b' * 40}")
+    (hub / f"{repo}@{'a' * 40}").mkdir()
+    shutil.copy(hub / f"{repo}@{'b' * 40}" / "openwebtext.py", hub / f"{repo}@{'a' * 40}")
 
-    class Api:
+    class Api:  # a branch's commit and files; a file "downloaded" (where it lies)
+        def __init__(self, *args, **kwargs):
+            pass
+
         def dataset_info(self, repo_id, revision):
-            assert repo_id == "Skylion007/openwebtext"
-            return type("Info", (), {"sha": commits[revision]})
+            folder = hub / f"datasets/{repo_id}@{commits[revision]}"
+            files = [SimpleNamespace(rfilename=str(f.relative_to(folder)))
+                     for f in sorted(folder.rglob("*")) if f.is_file()]
+            return SimpleNamespace(sha=commits[revision], siblings=files)
 
-    class Hub(fsspec.implementations.local.LocalFileSystem):  # hub paths onto the folders
-        def local(self, path):
-            commit, _, rest = path[len(repo):].partition("/")
-            return str(folders[commit] / rest)
+        def hf_hub_download(self, repo_id, repo_type, revision, filename, **kwargs):
+            return str(hub / f"{repo_type}s/{repo_id}@{revision}/{filename}")
 
-        def glob(self, path, detail=False, **kw):
-            found = super().glob(self.local(path), detail=True)
-            commit = path[len(repo):].partition("/")[0]
-            base = str(folders[commit])
-            return {repo + commit + k[len(base):]: v for k, v in found.items()}
+    class Hub(DirFileSystem):  # hf://datasets/<repo>@<commit>/<path> as files under hub/
+        protocol = "hf"
 
-        def open(self, path, mode="rb", **kw):
-            return super().open(self.local(path), mode)
+        def __init__(self, *args, **kwargs):
+            super().__init__(path=str(hub), fs=LocalFileSystem())
+
+        def resolve_path(self, path):
+            revision, _, rest = self._strip_protocol(path)[len(repo) + 1:].partition("/")
+            return SimpleNamespace(repo_id=repo.split("/", 1)[1], repo_type="dataset",
+                                   revision=revision, path_in_repo=rest)
 
     monkeypatch.setattr(huggingface_hub, "HfApi", Api)
     monkeypatch.setattr(huggingface_hub, "HfFileSystem", Hub)
-    calls = no_load_dataset(monkeypatch)
-    prepare.main(["--dataset", "openwebtext", "--val_fraction", "0.25", "--num_proc", "1",
-                  "--out_dir", str(tmp_path / "out")])
+    monkeypatch.setitem(sys.modules["fsspec.registry"]._registry, "hf", Hub)
+    calls = spy_load_dataset(monkeypatch)
+    prepare.main(["--dataset", "openwebtext", "--val_fraction", "0.25", "--num_proc", "2",
+                  "--out_dir", str(tmp_path / "out"), *streaming])
     meta, bins = load_split(tmp_path / "out" / "openwebtext")
-    assert calls == [] and meta["train_docs"] + meta["val_docs"] == len(docs)
+    assert set(calls) == {"parquet"} and meta["train_docs"] + meta["val_docs"] == len(docs)
+    assert sorted(documents(bins["train"]) + documents(bins["val"])) == sorted(docs)
     assert meta["source"] == "openwebtext: hf://datasets/Skylion007/openwebtext@" + "b" * 40
 
 
