@@ -1,0 +1,118 @@
+"""Local steps (outer_interval, hetgpt/outer.py) on two machines (torchrun agents on loopback): the
+weights and losses of the formula, computed here in plain PyTorch (each node's AdamW steps on its part
+of every batch, DiLoCo's outer step as torch.optim.SGD's Nesterov runs it); a resume in the middle of a
+round; and what is refused."""
+import copy
+import os
+import re
+import shutil
+
+import pytest
+
+from nodes import loopback, ok
+from trainer import (TINY, latest_checkpoint, load_params, make_dataset, max_rel_diff, one_error_line,
+                     run_train, train_defaults, train_losses)
+
+# 2 machines; rounds end at steps 3 and 5 (the end); checkpoints at 4 (in a round) and 5
+COMMON = TINY + ['--batch_size=8', '--max_iters=5', '--eval_interval=100', '--decay_lr=False',
+                 '--checkpoint_interval=4', '--outer_interval=3']
+SHARES = [6, 2]  # the nodes' sequences of each step (balance 3:1)
+
+
+@pytest.fixture(scope='module')
+def work(tmp_path_factory):
+    # 2 machines of 2 ranks each: DDP inside each, the outer step across
+    root = tmp_path_factory.mktemp('outer')
+    make_dataset(root)
+    out = ok(loopback(root, [*COMMON, '--out_dir=local', '--balance=3,3,1,1'], nproc=2))
+    assert 'shares [3, 3, 1, 1]' in out, out
+    return root
+
+
+def reference(root, steps, interval, shares, outer_lr=0.7, momentum=0.9):
+    # Each node: the model from the same initial weights, AdamW (model.make_optimizer), its part of
+    # step k's batch (the batch of step k: the seed's, corpus.Batches), the gradient of its tokens'
+    # mean loss, clipped at 1. Every interval steps and at the end: the anchor's gradient is the
+    # nodes' anchor - weights, weighted by their part; torch.optim.SGD(nesterov) steps it, and every
+    # node takes it. Returns node 0's weights and the logged loss of each step (the whole batch's).
+    import torch
+    from hetgpt.corpus import Batches
+    from model import GPT, GPTConfig, make_optimizer
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        data = Batches('synth', 32, 256, 1337, 'cpu')
+    finally:
+        os.chdir(cwd)
+    config = dict(train_defaults(), learning_rate=3e-3)
+    with torch.device('meta'):
+        first = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=256,
+                              bias=False, dropout=0.0))
+    first.materialise('cpu', 1337)
+    models = [copy.deepcopy(first) for _ in shares]
+    opts = [make_optimizer(m, config) for m in models]
+    anchor = [p.detach().clone() for p in first.parameters()]
+    outer = torch.optim.SGD(anchor, lr=outer_lr, momentum=momentum, nesterov=True)
+    batch, losses = sum(shares), {}
+    for k in range(steps):
+        offsets, start, total = data.offsets('train', k, batch), 0, 0.0
+        for m, opt, n in zip(models, opts, shares):
+            x, y = data.get('train', offsets[start:start + n])
+            start += n
+            _, loss = m(x, y, reduction='sum')
+            (loss / (n * 32)).backward()
+            total += loss.item()
+            torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+            for o in opt:
+                o.step()
+                o.zero_grad(set_to_none=True)
+        losses[k + 1] = total / (batch * 32)
+        if (k + 1) % interval == 0 or k + 1 == steps:
+            weights = [list(m.parameters()) for m in models]
+            for i, a in enumerate(anchor):
+                a.grad = sum(n / batch * (a - w[i].detach()) for w, n in zip(weights, shares))
+            outer.step()
+            with torch.no_grad():
+                for w in weights:
+                    for a, p in zip(anchor, w):
+                        p.copy_(a)
+    return models[0].state_dict(), losses
+
+
+def test_local_steps_are_the_formula(work):
+    # 2 machines × 2 ranks, shares 3,3 | 1,1: each node's DDP sums its two ranks' gradients, the
+    # exchange sends each half of the weights across on its own rank pair and gathers the halves
+    want, losses = reference(work, 5, 3, SHARES)
+    got = load_params(latest_checkpoint(work / 'local'))
+    assert max_rel_diff(got, want) < 1e-5
+    logged = train_losses(work / 'local')
+    assert logged.keys() == losses.keys()
+    assert all(abs(logged[k] - losses[k]) < 1e-5 * losses[k] for k in losses), (logged, losses)
+    # the same steps without the outer step are another run: the test would see a missing one
+    plain, _ = reference(work, 5, 10**9, SHARES)
+    assert max_rel_diff(plain, want) > 1e-3
+
+
+def test_a_resume_in_a_round_continues_it(work):
+    # ckpt 4 is in the second round (3 to 5): each node's weights and AdamW state, and the outer
+    # state. Resumed by 2 machines of 1 rank each (their node's DDP now one rank), the same run.
+    from hetgpt import ckpt
+    saved = {k.split('.')[0] for k in ckpt.Reader(str(work / 'local' / 'ckpt_00000004'))
+             .read_metadata().state_dict_metadata}
+    assert saved == {'model', 'optim', 'model@node1', 'optim@node1', 'outer'}, saved
+    os.makedirs(work / 'resumed')
+    shutil.copytree(work / 'local' / 'ckpt_00000004', work / 'resumed' / 'ckpt_00000004')
+    out = ok(loopback(work, [*COMMON, '--out_dir=resumed', '--balance=3,1', '--init_from=resume']))
+    assert 'at iter 4' in out, out
+    got = load_params(latest_checkpoint(work / 'resumed'))
+    assert max_rel_diff(got, load_params(latest_checkpoint(work / 'local'))) < 1e-5
+    a, b = train_losses(work / 'resumed'), train_losses(work / 'local')
+    assert abs(a[5] - b[5]) < 1e-5 * b[5], (a, b)
+
+
+def test_local_steps_refuse_a_sharded_plan(tmp_path):
+    make_dataset(tmp_path)
+    p = run_train(tmp_path, *COMMON, '--out_dir=out', '--plan=fsdp', check=False)
+    line = one_error_line(p)
+    assert 'outer_interval=3' in line and 'plan ddp or ddp+ac' in line, line
+    assert not os.path.exists(tmp_path / 'out' / 'metrics.jsonl')
