@@ -133,7 +133,7 @@ def said(ranks):
             f"attention at {ATTENTION_FALLBACK[0]:.0%} of peak (no row)"
         out.append(f"{gpu or 'GPU'} {mm}, {att}")
     return '; '.join(out + [f"memory at {HBM_EFFICIENCY:.0%} of HBM"]) if out else \
-        f"CPU at {CPU_FLOPS:.3g} FLOP/s"
+        f"CPU at {ranks[0].get('flops') or CPU_FLOPS:.3g} FLOP/s"
 
 
 def launches(cfg, shard):  # c0: a micro-batch's seconds whatever its size (FSDP: its hooks too)
@@ -180,8 +180,8 @@ def compute(cfg, rank, ac, shard, micro):
     # its size (balance.py splits by them). A GPU: its kernels by kind (_kernels), c1 their
     # seconds per sequence at this size; a CPU: its FLOPs at CPU_FLOPS.
     c0 = launches(cfg, shard)
-    if rank['device'] == 'cpu':
-        return c0, flops_per_sequence(cfg, ac) / CPU_FLOPS
+    if rank['device'] == 'cpu':  # (its FLOP/s where stated: plan.py --cpu_gflops)
+        return c0, flops_per_sequence(cfg, ac) / (rank.get('flops') or CPU_FLOPS)
     gpu = rank['gpu'] if rank['gpu'] in GPUS else None
     micro = max(micro, 1)
     return c0, sum(_kernels(cfg, gpu, rank['dtype'], shard, ac, micro).values()) / micro
@@ -200,9 +200,13 @@ def bandwidth(ranks, inter_node_bw):
     # sum of its NICs: each GPU's share 'net' (or inter_node_bw), summed over the node's GPUs,
     # the slowest node bounding (NVIDIA on nccl-tests#267: all-to-all alone is held to one NIC).
     # NCCL's trees (all-reduce across many nodes) reach the same busbw: they save latency only.
-    # gloo for CPU ranks.
+    # gloo for CPU ranks: loopback's rate in a node; between nodes, their link's (inter_node_bw
+    # per rank, summed over a node's ranks as NICs are) where given.
     if any(r['device'] == 'cpu' for r in ranks):
-        return CPU_COMM_BW
+        per_node = Counter(r['node'] for r in ranks)
+        if len(per_node) == 1 or not inter_node_bw:
+            return CPU_COMM_BW
+        return min(CPU_COMM_BW, NIC_EFFICIENCY * inter_node_bw * min(per_node.values()))
     kinds = {r['gpu'] for r in ranks}
     intra = _dev(ranks[0])['p2p'] if len(kinds) == 1 else min(_dev(r)['host'] for r in ranks)
     intra = LINK_EFFICIENCY * intra * 1e9

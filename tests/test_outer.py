@@ -1,7 +1,7 @@
 """Local steps (outer_interval, hetgpt/outer.py) on two machines (torchrun agents on loopback): the
 weights and losses of the formula, computed here in plain PyTorch (each node's AdamW steps on its part
 of every batch, DiLoCo's outer step as torch.optim.SGD's Nesterov runs it); a resume in the middle of a
-round; and what is refused."""
+round; what is refused; and plan.py's prediction of both modes."""
 import copy
 import os
 import re
@@ -116,3 +116,34 @@ def test_local_steps_refuse_a_sharded_plan(tmp_path):
     line = one_error_line(p)
     assert 'outer_interval=3' in line and 'plan ddp or ddp+ac' in line, line
     assert not os.path.exists(tmp_path / 'out' / 'metrics.jsonl')
+
+
+def test_plan_says_when_local_steps_are_faster(capsys):
+    # gpt_tiny (7,265,024 parameters) on 2 CPU machines: at 100 Mbit/s every step's all-reduce of the
+    # float32 gradients (2 × 1/2 × 4 bytes each way, a ring of 2) takes seconds; local steps carry
+    # the weights once per round
+    import plan
+    from hetgpt.clock import NIC_EFFICIENCY
+    said = {}
+    for gbit in (0.1, 1.0):
+        assert plan.main(['configs/gpt_tiny.py', '--gpus', '2xcpu', '--host_mem', '16', '--nodes',
+                          '2', '--link_gbit', str(gbit), '--plan', 'ddp']) == 0
+        out = capsys.readouterr().out
+        m = re.search(r'local steps, outer_interval=(\d+).*: step ([\d.]+) s \(a node alone '
+                      r'([\d.]+) s \+ exchange ([\d.]+) s / \1\), ([\d.]+)× every step\'s '
+                      r'tokens/s \(step ([\d.]+) s', out)
+        assert m, out
+        H, local, alone, exchange, gain, every = int(m[1]), *map(float, m.groups()[1:])
+        assert abs(local - (alone + exchange / H)) < 0.01 * local
+        assert abs(gain - every / local) < 0.01 * gain + 0.01
+        link = 4 * 7_265_024 / (gbit * 1e9 / 8 * NIC_EFFICIENCY)  # the ring's bytes each way
+        assert link < exchange < 1.25 * link, (exchange, link)
+        assert link < every < alone + 1.25 * link, (every, alone, link)
+        said[gbit] = gain, 'local steps are faster' in out
+    # 100 Mbit/s: faster, by the all-reduce's seconds; 1 Gbit/s: the backward hides the all-reduce
+    # (CPU ranks at the guessed 100 GFLOP/s), and plan.py says to keep every step
+    assert said[0.1][0] > 3 and said[0.1][1], said
+    assert said[1.0][0] < 1.05 and not said[1.0][1], said
+    # one machine: nothing to say
+    assert plan.main(['configs/gpt_tiny.py', '--gpus', '2xcpu', '--host_mem', '16']) == 0
+    assert 'local steps' not in capsys.readouterr().out
