@@ -62,6 +62,7 @@ FSDP_GROUP_S = 2e-4    # seconds per FSDP group per micro-batch: hooks, copy-in/
 CPU_FLOPS = 1e11       # FLOP/s of a CPU rank when not measured (2 AVX-512 cores, float32)
 CPU_COMM_BW = 2e9      # gloo over loopback
 DDP_BUCKET = 25 * 2**20  # bytes per all-reduce: DDP's default bucket_cap_mb
+DDP_FIRST_BUCKET = 2**20  # its first bucket's (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES)
 
 
 def _dev(rank):
@@ -232,6 +233,15 @@ def host_bw(ranks):
     return bw
 
 
+def last_bucket(n, R, ring, bw):
+    # DDP's last bucket's all-reduce: it holds the first parameters, the embedding among them, whose
+    # gradient is complete only when the backward ends, so no compute hides it. Buckets fill from
+    # the last parameters: one of DDP_FIRST_BUCKET bytes, then DDP_BUCKET each; the last the rest.
+    rest = 4 * n['total'] - DDP_FIRST_BUCKET
+    last = rest - DDP_BUCKET * ((rest - 1) // DDP_BUCKET) if rest > 0 else 4 * n['total']
+    return 2 * ring * last / bw + COLLECTIVE_S if R > 1 else 0.0
+
+
 def all_reduce(n, R, ring, bw):
     # DDP's all-reduce of the fp32 grads (ring: 2(N-1)/N of them), in buckets of 25 MiB (DDP's
     # bucket_cap_mb), a collective each
@@ -285,7 +295,7 @@ def step(cfg, batch, ranks, f, caps, ac, accumulate, weights=None, inter_node_bw
     cb = 4 if ranks[0]['dtype'] == 'float32' else 2  # (FSDP's gathers: one dtype)
     if not f['shard']:
         # DDP: each rank alone, then the all-reduce of the fp32 grads (all_reduce), overlapped
-        # with the backward (2/3) of the slowest rank's last micro-batch.
+        # with the backward (2/3) of the slowest rank's last micro-batch, all but its last bucket.
         share = weighted_shares(batch, weights) if weights else \
             split_shares(batch, caps, c0, c1, fixed=opt)
         rs = [runs(x, m) for x, m in zip(share, caps)]
@@ -293,7 +303,8 @@ def step(cfg, batch, ranks, f, caps, ac, accumulate, weights=None, inter_node_bw
                 for a, c, r, o in zip(c0, c1, rs, opt)]
         slow = max(range(R), key=busy.__getitem__)
         last = c0[slow] + c1[slow] * max(rs[slow][-1][0], 1)
-        return busy[slow] + max(0.0, all_reduce(n, R, ring, bw) - 2 / 3 * last), share, rs
+        exposed = max(last_bucket(n, R, ring, bw), all_reduce(n, R, ring, bw) - 2 / 3 * last)
+        return busy[slow] + exposed, share, rs
     gather, reduce, host_add = _comm(f, n, R, ring, bw, cb, ranks, per_node, accumulate, mine)
     # FSDP: the same count K of micro-batches on every rank; each waits for the slowest rank's
     # piece, and prefetching overlaps the collectives with compute. K is tried from the fewest up
