@@ -209,6 +209,9 @@ def local_steps(p, interval, inter_node_bw, link_gbit):
     # at DiLoCo's H
     from hetgpt.outer import step_times
     H = interval or DILOCO_H
+    if p.shard:
+        return (f"local steps (outer_interval): not for this plan, {p.strategy}: they need a "
+                f"whole model on every rank (plan ddp or ddp+ac)")
     every, local, exchange = step_times(p, H, inter_node_bw)
     alone = local - exchange / H
     return (f"local steps, outer_interval={H}" + ('' if interval else

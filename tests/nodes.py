@@ -7,15 +7,19 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 from trainer import ROOT
 
 
-def agents(cwd, args, hosts, nproc=1, port=29400, namespaces=None, timeout=600, env=None):
+def agents(cwd, args, hosts, nproc=1, port=29400, namespaces=None, timeout=600, env=None,
+           on_line=None):
     # train.py args on one agent per host (hosts[0] hosts the rendezvous), each with nproc ranks,
-    # agent i inside namespaces[i] when given. Returns [(returncode, output)] per agent.
+    # agent i inside namespaces[i] when given; on_line(line): called with each line of the first
+    # agent's output (rank 0's log) as it comes. Returns [(returncode, output)] per agent.
     full_env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore', **(env or {}))
-    procs = []
+    procs, texts, readers = [], [], []
     for i, host in enumerate(hosts):
         cmd = [sys.executable, '-m', 'torch.distributed.run', f'--nnodes={len(hosts)}',
                f'--nproc-per-node={nproc}', '--rdzv-backend=c10d',
@@ -24,19 +28,33 @@ def agents(cwd, args, hosts, nproc=1, port=29400, namespaces=None, timeout=600, 
                os.path.join(ROOT, 'train.py'), *args]
         if namespaces:
             cmd = ['ip', 'netns', 'exec', namespaces[i]] + cmd
-        procs.append(subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True,
-                                      start_new_session=True))
-    out = []
+        p = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        lines = []
+        call = on_line if i == 0 and on_line else None
+        reader = threading.Thread(target=_read, args=(p.stdout, lines, call), daemon=True)
+        reader.start()
+        procs.append(p)
+        texts.append(lines)
+        readers.append(reader)
+    deadline = time.time() + timeout
     for p in procs:
         try:
-            text, _ = p.communicate(timeout=timeout)
+            p.wait(timeout=max(1, deadline - time.time()))
         except subprocess.TimeoutExpired:
             for q in procs:
                 os.killpg(q.pid, signal.SIGKILL)
-            text, _ = p.communicate()
-        out.append((p.returncode, text))
-    return out
+            p.wait()
+    for reader in readers:
+        reader.join(timeout=10)
+    return [(p.returncode, ''.join(lines)) for p, lines in zip(procs, texts)]
+
+
+def _read(stream, lines, on_line):
+    for line in stream:
+        lines.append(line)
+        if on_line:
+            on_line(line)
 
 
 def loopback(cwd, args, nodes=2, nproc=1, **kw):
