@@ -236,9 +236,12 @@ def host_bw(ranks):
 def last_bucket(n, R, ring, bw):
     # DDP's last bucket's all-reduce: it holds the first parameters, the embedding among them, whose
     # gradient is complete only when the backward ends, so no compute hides it. Buckets fill from
-    # the last parameters: one of DDP_FIRST_BUCKET bytes, then DDP_BUCKET each; the last the rest.
+    # the last parameters: one of DDP_FIRST_BUCKET bytes, then DDP_BUCKET each, the last the rest;
+    # a tensor is never split, so the last holds at least the embedding (the largest tensor
+    # outside the blocks: gpt_tiny's 25.8 MB, over a bucket, alone in the last).
     rest = 4 * n['total'] - DDP_FIRST_BUCKET
     last = rest - DDP_BUCKET * ((rest - 1) // DDP_BUCKET) if rest > 0 else 4 * n['total']
+    last = max(last, 4 * max(math.prod(s) for s in n['root_shapes']))
     return 2 * ring * last / bw + COLLECTIVE_S if R > 1 else 0.0
 
 
