@@ -67,9 +67,9 @@ init_device = 'auto'   # 'cpu': the model on the host first; 'meta': by shard
 balance = 'auto'       # the batch over ranks: 'auto' (by speed), 'even', '3,1'
 rebalance_interval = 50  # steps between re-splits by speed (balance=auto)
 stall_timeout = 300    # seconds without progress before ranks give up; 0: never
-outer_interval = 0     # > 0: local steps, each node this many alone, then the
-outer_lr = 0.7         # nodes' average change by Nesterov (DiLoCo's lr and
-outer_momentum = 0.9   # momentum: hetgpt/outer.py, docs/two_machines.md)
+outer_interval = 0     # > 0: local steps, this many per node between syncs
+outer_lr = 0.7         # local steps' outer Nesterov lr (DiLoCo's)
+outer_momentum = 0.9   # and its momentum (docs/two_machines.md)
 # -----------------------------------------------------------------------------
 # What each knob may be: a bound, an interval, or a pattern (configurator;
 # plan.py reads it too). Upper bounds catch slips only, like an extra zero.
