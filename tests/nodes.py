@@ -14,10 +14,10 @@ from trainer import ROOT
 
 
 def agents(cwd, args, hosts, nproc=1, port=29400, namespaces=None, timeout=600, env=None,
-           on_line=None):
-    # train.py args on one agent per host (hosts[0] hosts the rendezvous), each with nproc ranks,
-    # agent i inside namespaces[i] when given; on_line(line): called with each line of the first
-    # agent's output (rank 0's log) as it comes. Returns [(returncode, output)] per agent.
+           on_line=None, script=os.path.join(ROOT, 'train.py')):
+    # script (train.py) args on one agent per host (hosts[0] hosts the rendezvous), each with nproc
+    # ranks, agent i inside namespaces[i] when given; on_line(line): called with each line of the
+    # first agent's output (rank 0's log) as it comes. Returns [(returncode, output)] per agent.
     full_env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore', **(env or {}))
     procs, texts, readers = [], [], []
     for i, host in enumerate(hosts):
@@ -25,7 +25,7 @@ def agents(cwd, args, hosts, nproc=1, port=29400, namespaces=None, timeout=600, 
                f'--nproc-per-node={nproc}', '--rdzv-backend=c10d',
                f'--rdzv-endpoint={hosts[0]}:{port}', '--rdzv-id=hetgpt',
                f'--rdzv-conf=is_host={int(i == 0)}', f'--local-addr={host}',
-               os.path.join(ROOT, 'train.py'), *args]
+               script, *args]
         if namespaces:
             cmd = ['ip', 'netns', 'exec', namespaces[i]] + cmd
         p = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=subprocess.PIPE,
