@@ -1,9 +1,9 @@
 """
-Two machines on an ordinary network, rehearsed on this host (issue 38): two network namespaces joined
-by a veth pair whose rate a token bucket holds, 100 Mbit/s and 1 Gbit/s (tests/nodes.py), a torchrun
-agent in each (c10d rendezvous, gloo), one rank per machine. gpt_tiny (7.3M parameters: 29 MB of
-float32 gradients a step, 2.5 s at 100 Mbit/s, against about 0.5 s of compute) on pydocs, eager,
-4 of the 8 sequences of each step on each machine.
+Two machines on an ordinary network, rehearsed on this host (issue 38): two network namespaces
+joined by a veth pair whose rate a token bucket holds, 100 Mbit/s and 1 Gbit/s (tests/nodes.py),
+a torchrun agent in each (c10d rendezvous, gloo), one rank per machine. gpt_tiny (7.3M parameters:
+29 MB of float32 gradients a step, 2.5 s at 100 Mbit/s, against about 0.5 s of compute) on
+pydocs, eager, 4 of the 8 sequences of each step on each machine.
 
 0. gloo's collectives at each rate, as DDP and FSDP call them (bench/gloo_collectives.py), for
    gpt_tiny's float32 gradients.

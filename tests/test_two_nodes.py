@@ -1,5 +1,5 @@
 """The two-machine rehearsal: two network namespaces joined by a veth pair whose rate a token bucket
-holds (100 Mbit/s, then 1 Gbit/s), one torchrun agent in each, a c10d rendezvous on the first's
+holds (100 Mbit/s and 1 Gbit/s), one torchrun agent in each, a c10d rendezvous on the first's
 address and gloo, as docs/two_machines.md runs two machines. The ordinary path crosses the link: DDP
 trains and writes a checkpoint, FSDP resumes it, and the weights and losses are a one-process run's;
 each step as measured against plan.py's prediction for that link, from the one-process run's speed.
@@ -50,13 +50,14 @@ def test_two_machines_over_a_slow_link(net, tmp_path, capsys):
     run_train(tmp_path, *TINY, *MODEL, '--out_dir=one', '--max_iters=12', '--plan=ddp',
               '--micro_batch_size=8')
     # DDP, 8 steps: 1-4 at 100 Mbit/s, 5-8 at 1 Gbit/s (the bucket changed as step 5 starts),
-    # then its checkpoint resumed by FSDP for steps 9-12 at 1 Gbit/s
+    # then its checkpoint resumed by FSDP for steps 9-12 at 100 Mbit/s
     net.rate(100e6)
     switch = lambda line: line.startswith('iter 4: loss') and net.rate(1e9)
     out = ok(agents(tmp_path, [*TINY, *MODEL, '--out_dir=two', '--max_iters=8', '--plan=ddp',
                                '--micro_batch_size=4'], net.hosts, namespaces=net.names,
                     on_line=switch))
     assert 'shares [4, 4]' in out, out
+    net.rate(100e6)
     out = ok(agents(tmp_path, [*TINY, *MODEL, '--out_dir=two', '--max_iters=12', '--plan=fsdp',
                                '--micro_batch_size=4', '--init_from=resume'], net.hosts,
                     namespaces=net.names))
@@ -76,13 +77,18 @@ def test_two_machines_over_a_slow_link(net, tmp_path, capsys):
     gflops = flops_per_sequence(cfg) * 8 / step_seconds(tmp_path / 'one', range(2, 13)) / 1e9
     ratios = {}
     for strategy, rate, iters in (('ddp', 100e6, (2, 3, 4)), ('ddp', 1e9, (6, 7, 8)),
-                                  ('fsdp', 1e9, (10, 11, 12))):
+                                  ('fsdp', 100e6, (10, 11, 12))):
         measured = step_seconds(tmp_path / 'two', iters)
         ratios[strategy, rate] = measured / predicted(strategy, RATES[rate], gflops, capsys)
     print(f"measured / predicted step: {ratios}")
-    # DDP at both rates within 25%. FSDP, named reason: gloo's collectives are not NCCL's rings
-    # that the clock times: its reduce-scatter takes as long as an all-reduce of the whole tensor,
-    # its all-gather 1.4-1.6× the ring's bytes (bench/RESULTS.md, "Two machines"): 1.7× the bytes
+    # DDP at 100 Mbit/s within 25%: the token bucket sets its 2.2 s all-reduce, the CPU only tens
+    # of ms. At 1 Gbit/s compute is a quarter of the step and runs at whatever the shared CPU gives
+    # these ranks then, not at the one-process run's speed (timing claims are bench/two_nodes.py's,
+    # bench/RESULTS.md; 1.07 seen here on a quiet machine): below 1.6, the link's part within 25%
+    # and the compute up to 2.5× slower. FSDP at 100 Mbit/s, named reason: gloo's collectives are
+    # not the NCCL rings the clock times: its reduce-scatter costs an all-reduce of the whole
+    # tensor, its all-gather 1.5× the ring's (bench/gloo_collectives.py): float32 gathers twice and
+    # a reduce-scatter move 2.5 where the clock counts 1.5, 1.67×; within 25% of that.
     assert 0.75 < ratios['ddp', 100e6] < 1.25, ratios
-    assert 0.75 < ratios['ddp', 1e9] < 1.25, ratios
-    assert 1.0 < ratios['fsdp', 1e9] < 1.7 * 1.25, ratios
+    assert 0.75 < ratios['ddp', 1e9] < 1.6, ratios
+    assert 1.67 / 1.25 < ratios['fsdp', 100e6] < 1.67 * 1.25, ratios
