@@ -29,7 +29,8 @@ LISTED = 16  # nodes whose torchrun lines are printed one by one
 GiB = 2**30
 TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train.py')
 KNOBS = (*model_defaults(), 'batch_size', 'gradient_accumulation_steps', 'micro_batch_size',
-         'memory_fraction', 'max_iters')  # (the model's: GPTConfig's fields)
+         'memory_fraction', 'max_iters', 'outer_interval')  # (the model's: GPTConfig's fields)
+DILOCO_H = 500  # local steps per round where outer_interval is 0: DiLoCo's (arXiv 2311.08105)
 
 
 def _gpu(name, item):
@@ -48,10 +49,11 @@ def _gpu(name, item):
         f"{', '.join(GPUS)}, or cpu (with --host_mem); several joined by commas")
 
 
-def _cluster(gpus, nodes, host_mem, batch=None):
+def _cluster(gpus, nodes, host_mem, batch=None, cpu_flops=None):
     # '4xA100-80GB,4xV100-32GB' -> ranks spread evenly over nodes (default, nodes None: 8 GPUs per
     # node), as entries of identical ranks (hetgpt/cluster.py: a million GPUs are a few entries).
-    # batch: the global batch, which must hold a sequence per rank (train.py's rule)
+    # batch: the global batch, which must hold a sequence per rank (train.py's rule); cpu_flops:
+    # a CPU rank's FLOP/s (--cpu_gflops)
     kinds = []
     for item in gpus.split(','):
         m = re.fullmatch(r'(?:(\d+)x)?([A-Za-z0-9-]+)', item.strip())
@@ -80,7 +82,7 @@ def _cluster(gpus, nodes, host_mem, batch=None):
     host_from = 'given (--host_mem)' if host else None
     rank = lambda g: dict(device='cuda', gpu=g, host_mem=host, host_from=host_from) \
         if g != 'cpu' else dict(device='cpu', gpu=None, host_mem=host, host_from=host_from,
-                                mem=host and host // per)
+                                mem=host and host // per, flops=cpu_flops)
     return cluster.layout([(c, rank(g)) for c, g in kinds], per)
 
 
@@ -101,6 +103,7 @@ def main(argv=None):
                "  python plan.py configs/gpt_13b.py --gpus 4xA100-80GB,4xV100-32GB "
                "--host_mem 512\n"
                "  python plan.py configs/gpt_tiny.py --gpus 2xcpu --host_mem 16\n"
+               "  python plan.py configs/gpt_1p3b.py --gpus 2xRTX4090 --nodes 2 --link_gbit 1\n"
                "exit status: 0 fits, 1 does not fit (and what would), 2 a mistake",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('config', nargs='+',
@@ -123,11 +126,21 @@ def main(argv=None):
     ap.add_argument('--inter_node_gbs', type=float, default=None,
                     help="GB/s of NIC per GPU between nodes (default: the GPU's reference "
                     "system); NCCL drives a node's NICs together")
+    ap.add_argument('--link_gbit', type=float, default=None,
+                    help="Gbit/s of each node's network link, e.g. 1 (1 GbE) or 0.1 (100 Mbit/s): "
+                    "--inter_node_gbs for an ordinary network; with 2+ nodes plan.py also times "
+                    "local steps (--outer_interval=H, docs/two_machines.md)")
+    ap.add_argument('--cpu_gflops', type=float, default=None,
+                    help="GFLOP/s of a CPU rank (default: a guess, 100)")
     args, rest = ap.parse_known_args(argv)
     for name, ok, want in (  # (nan and inf fail these comparisons)
             ('host_mem', args.host_mem is None or 0 < args.host_mem < math.inf, 'a number > 0'),
             ('nodes', args.nodes is None or args.nodes >= 1, '>= 1 (default: 8 GPUs per node)'),
             ('inter_node_gbs', args.inter_node_gbs is None or 0 < args.inter_node_gbs < math.inf,
+             'a number > 0'),
+            ('link_gbit', args.link_gbit is None or 0 < args.link_gbit < math.inf and
+             args.inter_node_gbs is None, 'a number > 0, and no --inter_node_gbs with it'),
+            ('cpu_gflops', args.cpu_gflops is None or 0 < args.cpu_gflops < math.inf,
              'a number > 0')):
         if not ok:
             die(f"--{name} {getattr(args, name)}: must be {want}")
@@ -145,15 +158,17 @@ def main(argv=None):
     batch, micro = shape.batch_of(config['batch_size'], config['gradient_accumulation_steps'],
                                   config['micro_batch_size'])
     ranks = _cluster(DEFAULT_GPUS if args.gpus is None else args.gpus, args.nodes, args.host_mem,
-                     batch)
+                     batch, args.cpu_gflops and args.cpu_gflops * 1e9)
+    inter_node_bw = args.inter_node_gbs and args.inter_node_gbs * 1e9
+    if args.link_gbit:  # (per rank, as a GPU's NIC: clock.bandwidth sums a node's)
+        inter_node_bw = args.link_gbit * 1e9 / 8 / max(cluster.per_node(ranks).values())
     # the knobs and GPUs hold: now the planner, and torch under it (a mistake above is one line
     # in a tenth of a second, without it)
     from hetgpt.planner import make_plan
     from model import config_from
     planned = lambda ranks, dtype=args.dtype: make_plan(
         config_from(config), batch, ranks, plan=args.plan, micro_batch_size=micro,
-        memory_fraction=config['memory_fraction'], dtype=dtype,
-        inter_node_bw=args.inter_node_gbs and args.inter_node_gbs * 1e9)
+        memory_fraction=config['memory_fraction'], dtype=dtype, inter_node_bw=inter_node_bw)
     p = planned(ranks)
     if args.gpus is None:
         print(f"no --gpus given: planned for {DEFAULT_GPUS}; choose with --gpus, e.g. "
@@ -166,6 +181,8 @@ def main(argv=None):
     if p.fits:
         for line in choices(p, ranks, args.dtype, planned):
             print(line)
+    if p.fits and p.step_time and cluster.node_count(ranks) > 1:
+        print(local_steps(p, config['outer_interval'], inter_node_bw, args.link_gbit))
     if p.fits and all(r['device'] == 'cuda' for r in ranks):
         print(launch(ranks, args.config + rest))
     print(f"({time.time() - t0:.1f} s)")
@@ -198,6 +215,24 @@ def choices(p, ranks, dtype, planned):
         if q.fits and q.tokens_per_sec > p.tokens_per_sec:
             yield (f"--dtype={other} (here and in train.py) would give "
                    f"{q.tokens_per_sec / p.tokens_per_sec - 1:+.1%} tokens/s")
+
+
+def local_steps(p, interval, inter_node_bw, link_gbit):
+    # Local steps (hetgpt/outer.py) against every step, as predicted: at outer_interval if set, else
+    # at DiLoCo's H
+    from hetgpt.outer import step_times
+    H = interval or DILOCO_H
+    if p.shard:
+        return (f"local steps (outer_interval): not for this plan, {p.strategy}: they need a "
+                f"whole model on every rank (plan ddp or ddp+ac)")
+    every, local, exchange = step_times(p, H, inter_node_bw)
+    alone = local - exchange / H
+    return (f"local steps, outer_interval={H}" + ('' if interval else
+            " (DiLoCo's; set it with --outer_interval=H)") + f": step {local:.3g} s (a node "
+            f"alone {alone:.3g} s + exchange {exchange:.3g} s / {H}), {every / local:.2f}× every "
+            f"step's tokens/s (step {every:.3g} s" + (f" over {link_gbit:g} Gbit/s links"
+            if link_gbit else '') + ("): local steps are faster" if local < every else
+            "): every step is as fast or faster: outer_interval=0"))
 
 
 def launch(ranks, train_args):

@@ -67,6 +67,9 @@ init_device = 'auto'   # 'cpu': the model on the host first; 'meta': by shard
 balance = 'auto'       # the batch over ranks: 'auto' (by speed), 'even', '3,1'
 rebalance_interval = 50  # steps between re-splits by speed (balance=auto)
 stall_timeout = 300    # seconds without progress before ranks give up; 0: never
+outer_interval = 0     # > 0: local steps, this many per node between syncs
+outer_lr = 0.7         # local steps' outer Nesterov lr (DiLoCo's)
+outer_momentum = 0.9   # and its momentum (docs/two_machines.md)
 # -----------------------------------------------------------------------------
 # What each knob may be: a bound, an interval, or a pattern (configurator;
 # plan.py reads it too). Upper bounds catch slips only, like an extra zero.
@@ -93,7 +96,8 @@ RULES = {
     'plan': '|'.join(map(re.escape, ('auto',) + STRATEGIES)),
     'memory_fraction': '(0, 1]', 'init_device': 'auto|cpu|meta',
     'balance': r'auto|even|[0-9.,]+', 'rebalance_interval': '[1, 1e9]',
-    'stall_timeout': '[0, 1e7]'}  # (seconds: 1e7 is 16 weeks)
+    'stall_timeout': '[0, 1e7]',  # (seconds: 1e7 is 16 weeks)
+    'outer_interval': '[0, 1e9]', 'outer_lr': '> 0', 'outer_momentum': '[0, 1)'}
 defaults = {**model_defaults(),  # (a field not set above: model.py's default)
             **{k: v for k, v in globals().items() if is_knob(k, v)}}
 config = configure(defaults, rules=RULES)
@@ -117,7 +121,7 @@ import torch
 import torch.distributed as dist
 
 from hetgpt import (ckpt, corpus, costs, group, hardware, hf, membership,
-                    metrics, optim, parallel, planner, probe, rundir)
+                    metrics, optim, outer, parallel, planner, probe, rundir)
 from hetgpt.balance import Speed
 from hetgpt.group import gather
 from model import GPT, config_from, make_optimizer
@@ -166,6 +170,7 @@ run_plan = planner.make_plan(
     init_device='cpu' if pretrained else init_device)
 if not run_plan.fits:
     die(f"plan={plan} does not fit: {run_plan.advice}")
+local = outer.Outer(config, run_plan, rank, world_size, local_world)
 # The initial weights: a function of (seed, name) under every placement.
 # 'cpu': the whole model on the host first; 'meta': each rank makes its shard.
 torch.manual_seed(seed)
@@ -175,8 +180,8 @@ if not pretrained:
     if run_plan.init_device == 'cpu':
         raw_model.materialise('cpu', seed, draw_on=device)
 # each rank's compute dtype: its own under DDP (dtype=auto), one under FSDP
-model, autocast = parallel.wrap(raw_model, run_plan, rank, world_size,
-                                device, run_plan.dtypes[rank], compile, seed)
+model, autocast = parallel.wrap(raw_model, run_plan, rank, world_size, device,
+                                run_plan.dtypes[rank], compile, seed, local.group)
 optimizers = make_optimizer(model, config)
 base_lrs = [g['lr'] for g in optim.param_groups(optimizers)]
 scaler = optim.scaler(device_type, run_plan.dtypes)
@@ -244,26 +249,21 @@ with optim.frozen(optimizers):
 run_plan = planner.resplit(run_plan, caps, speed.c0, speed.c1)
 log(run_plan.table(measured))
 resumed = {}
+local.begin(model)  # (local steps: the weights each round starts from)
 if resume_from:
-    resumed, took = ckpt.load(resume_from, model, optimizers, model_args)
+    resumed, took = ckpt.load(resume_from, model, optimizers, model_args, local)
     joined = membership.membership(resumed.get('machines'), machines)
     log(f"resumed from {resume_from} ({took}) at iter {resumed['iter']}{joined}")
     optim.restore_scale(scaler, resumed.get('loss_scale'))  # (float16's)
 iter_num = resumed.get('iter', 0)
 best_val = resumed.get('best_val_loss')  # (nanoGPT's saving on a new best)
 best_val = best_val if type(best_val) is float else math.inf
-if decay_lr and max_iters < lr_decay_iters and not eval_only:
-    log(f"warning: max_iters={max_iters} < lr_decay_iters={lr_decay_iters}: "
-        f"the learning rate ends at {get_lr(max_iters):.2e}, not "
-        f"min_lr={min_lr:.2e}; set lr_decay_iters={max_iters}")
-if gradient_accumulation_steps:  # (nanoGPT's meaning)
-    log(f"gradient_accumulation_steps={gradient_accumulation_steps}: global "
-        f"batch {batch_size} = {config['batch_size']} × that, in sequences")
+for note in shape.notes(config, batch_size, get_lr(max_iters)):
+    log(note)  # (a schedule max_iters cuts short; nanoGPT's batch)
 wandb_init = wandb_log and dict(project=wandb_project, name=wandb_run_name, config=config)
 first = {'iter': iter_num, **run_plan.record(probed)}  # the plan, as probed
 record = metrics.Metrics(out_dir, iter_num, first, wandb_init, master)
-mfu = costs.MFU(replace(model_args, block_size=block_size), ranks,
-                run_plan.dtypes)  # (None on a CPU)
+mfu = costs.MFU(replace(model_args, block_size=block_size), ranks, run_plan.dtypes)
 tokens_per_step = batch_size * block_size
 
 
@@ -317,14 +317,14 @@ while iter_num < max_iters and not eval_only:
     start = sum(map(sum, sizes[:rank]))
     offsets = data.offsets('train', iter_num, batch_size)[start:start + sum(ran)]
     speed.start(iter_num)
-    # the loss: the sum of token losses / the whole batch's tokens; ×
-    # world_size undoes DDP's and FSDP's mean over ranks, so the reduced
-    # gradient is that of the whole batch
-    loss_acc += forward_backward(offsets, ran, world_size / tokens_per_step)
+    # the loss: token losses / the batch's tokens (local steps: the node's), ×
+    # the ranks DDP and FSDP average over: the gradient of the whole batch
+    loss_acc += forward_backward(offsets, ran, local.weight(sizes, tokens_per_step))
     norm, bad = optim.step(model, optimizers, scaler, grad_clip)
     bad_steps.add(bad)
     iter_num += 1
     steps_since += 1
+    local.step(iter_num, sizes)  # (local steps: at a round's end, the outer step)
     sizes = speed.end(iter_num, sizes, caps)
 
     if iter_num % log_interval == 0 or iter_num == max_iters:
@@ -361,7 +361,8 @@ while iter_num < max_iters and not eval_only:
                 'machines': machines, 'fingerprint': fingerprint,
                 'best_val_loss': None if best_val == math.inf else best_val,
                 'loss_scale': scaler.get_scale() if scaler.is_enabled() else None}
-        path, took = ckpt.save(out_dir, iter_num, model, optimizers, meta, keep_last)
+        path, took = ckpt.save(out_dir, iter_num, model, optimizers, meta,
+                               keep_last, local)
         log(f"iter {iter_num}: checkpoint written to {path} ({took})")
     if stopping:
         log(f"iter {iter_num}: stopped by a signal; checkpoint saved, "

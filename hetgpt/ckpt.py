@@ -152,10 +152,11 @@ def checkpoints(out_dir):
     return sorted(os.path.join(out_dir, d) for d in found)
 
 
-def save(out_dir, step, model, optimizer, meta, keep_last):
+def save(out_dir, step, model, optimizer, meta, keep_last, outer=None):
     # Every rank writes its shard (DCP: loads under any strategy and world size) into
     # ckpt_<step>.tmp; rank 0 adds hetgpt.json ({iter, **meta}) and renames it once complete, then
     # drops old ones. Returns the checkpoint's path, and on rank 0 its size and seconds (size).
+    # outer: local steps' entries (hetgpt/outer.py: each node's own state, the outer state).
     start = time.time()
     final = os.path.join(out_dir, f'ckpt_{step:08d}')
     tmp, master = final + '.tmp', dist.get_rank() == 0
@@ -164,7 +165,8 @@ def save(out_dir, step, model, optimizer, meta, keep_last):
     dist.barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
     try:
-        dcp.save({'model': model_sd, 'optim': optim_sd}, checkpoint_id=tmp)
+        state = {'model': model_sd, 'optim': optim_sd}
+        dcp.save(outer.entries(state) if outer else state, checkpoint_id=tmp)
         if master:
             with open(os.path.join(tmp, 'hetgpt.json'), 'w') as f:
                 json.dump({'iter': step, **meta}, f, indent=1)
@@ -280,9 +282,9 @@ def load_model(path, trim_vocab=True):
     return model
 
 
-def load(path, model, optimizer, model_args):
+def load(path, model, optimizer, model_args, outer=None):
     # Loads path into model and optimizer (wrapped or not) and returns its hetgpt.json (checked),
-    # and its size and seconds (size).
+    # and its size and seconds (size). outer: local steps' entries, as save wrote them.
     start = time.time()
     try:
         meta = read_meta(path)
@@ -293,8 +295,14 @@ def load(path, model, optimizer, model_args):
             die(f"{path} holds another model ({diff}); use its config or another out_dir")
         model_sd, optim_sd = get_state_dict(model, optimizer)
         mismatch(path, model_sd, meta)
-        read(path, {'model': model_sd, 'optim': optim_sd})
+        state, stored = {'model': model_sd, 'optim': optim_sd}, None
+        if outer:  # (the checkpoint's top-level keys: what it holds)
+            stored = {k.split('.')[0] for k in Reader(path).read_metadata().state_dict_metadata}
+            state = outer.entries(state, stored)
+        read(path, state)
     except (Exception, CheckpointException) as e:  # (die's SystemExit is neither)
         damaged(path, e)
     set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
+    if outer:
+        outer.loaded(stored)
     return meta, size(path, start)

@@ -61,6 +61,7 @@ FSDP_GROUP_S = 2e-4    # seconds per FSDP group per micro-batch: hooks, copy-in/
 CPU_FLOPS = 1e11       # FLOP/s of a CPU rank when not measured (2 AVX-512 cores, float32)
 CPU_COMM_BW = 2e9      # gloo over loopback
 DDP_BUCKET = 25 * 2**20  # bytes per all-reduce: DDP's default bucket_cap_mb
+DDP_FIRST_BUCKET = 2**20  # its first bucket's (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES)
 
 
 def _dev(rank):
@@ -132,7 +133,7 @@ def said(ranks):
             f"attention at {ATTENTION_FALLBACK[0]:.0%} of peak (no row)"
         out.append(f"{gpu or 'GPU'} {mm}, {att}")
     return '; '.join(out + [f"memory at {HBM_EFFICIENCY:.0%} of HBM"]) if out else \
-        f"CPU at {CPU_FLOPS:.3g} FLOP/s"
+        f"CPU at {ranks[0].get('flops') or CPU_FLOPS:.3g} FLOP/s"
 
 
 def launches(cfg, shard):  # c0: a micro-batch's seconds whatever its size (FSDP: its hooks too)
@@ -179,8 +180,8 @@ def compute(cfg, rank, ac, shard, micro):
     # its size (balance.py splits by them). A GPU: its kernels by kind (_kernels), c1 their
     # seconds per sequence at this size; a CPU: its FLOPs at CPU_FLOPS.
     c0 = launches(cfg, shard)
-    if rank['device'] == 'cpu':
-        return c0, flops_per_sequence(cfg, ac) / CPU_FLOPS
+    if rank['device'] == 'cpu':  # (its FLOP/s where stated: plan.py --cpu_gflops)
+        return c0, flops_per_sequence(cfg, ac) / (rank.get('flops') or CPU_FLOPS)
     gpu = rank['gpu'] if rank['gpu'] in GPUS else None
     micro = max(micro, 1)
     return c0, sum(_kernels(cfg, gpu, rank['dtype'], shard, ac, micro).values()) / micro
@@ -200,9 +201,13 @@ def bandwidth(ranks, inter_node_bw):
     # sum of its NICs: each GPU's share 'net' (or inter_node_bw), summed over the node's GPUs,
     # the slowest node bounding (NVIDIA on nccl-tests#267: all-to-all alone is held to one NIC).
     # NCCL's trees (all-reduce across many nodes) reach the same busbw: they save latency only.
-    # gloo for CPU ranks.
+    # gloo for CPU ranks: loopback's rate in a node; between nodes, their link's (inter_node_bw
+    # per rank, summed over a node's ranks as NICs are) where given.
     if any(r['device'] == 'cpu' for r in ranks):
-        return CPU_COMM_BW
+        if cluster.node_count(ranks) == 1 or not inter_node_bw:
+            return CPU_COMM_BW
+        return min(CPU_COMM_BW,
+                   NIC_EFFICIENCY * inter_node_bw * min(cluster.per_node(ranks).values()))
     kinds = {}  # node -> the kinds of GPU in it
     for r in ranks:
         kinds.setdefault(r['node'], set()).add(r['gpu'])
@@ -225,6 +230,18 @@ def host_bw(ranks):
             bw[r['node']] = min(nodes[r['node']] * HOST_THREAD_BW, known) * 1e9 if known \
                 else HOST_ADAM_BW
     return bw
+
+
+def last_bucket(n, R, ring, bw):
+    # DDP's last bucket's all-reduce: it holds the first parameters, the embedding among them, whose
+    # gradient is complete only when the backward ends, so no compute hides it. Buckets fill from
+    # the last parameters: one of DDP_FIRST_BUCKET bytes, then DDP_BUCKET each, the last the rest;
+    # a tensor is never split, so the last holds at least the embedding (the largest tensor
+    # outside the blocks: gpt_tiny's 25.8 MB, over a bucket, alone in the last).
+    rest = 4 * n['total'] - DDP_FIRST_BUCKET
+    last = rest - DDP_BUCKET * ((rest - 1) // DDP_BUCKET) if rest > 0 else 4 * n['total']
+    last = max(last, 4 * max(math.prod(s) for s in n['root_shapes']))
+    return 2 * ring * last / bw + COLLECTIVE_S if R > 1 else 0.0
 
 
 def all_reduce(n, R, ring, bw):
@@ -285,7 +302,7 @@ def step(cfg, batch, ranks, f, caps, ac, accumulate, weights=None, inter_node_bw
     parts = lambda shares: [(i, k, x) for i, p in enumerate(shares) for x, k in p]
     if not f['shard']:
         # DDP: each rank alone, then the all-reduce of the fp32 grads (all_reduce), overlapped
-        # with the backward (2/3) of the slowest rank's last micro-batch.
+        # with the backward (2/3) of the slowest rank's last micro-batch, all but its last bucket.
         split = parts(weighted_shares(batch, weights, m) if weights else
                       split_shares(batch, caps, c0, c1, fixed=opt, counts=m))
         rs = [runs(x, caps[i]) for i, _, x in split]
@@ -294,8 +311,8 @@ def step(cfg, batch, ranks, f, caps, ac, accumulate, weights=None, inter_node_bw
         slow = max(range(len(split)), key=busy.__getitem__)
         i = split[slow][0]
         last = c0[i] + c1[i] * max(rs[slow][-1][0], 1)
-        return busy[slow] + max(0.0, all_reduce(n, R, ring, bw) - 2 / 3 * last), \
-            [(*p, r) for p, r in zip(split, rs)]
+        exposed = max(last_bucket(n, R, ring, bw), all_reduce(n, R, ring, bw) - 2 / 3 * last)
+        return busy[slow] + exposed, [(*p, r) for p, r in zip(split, rs)]
     gather, reduce, host_add = _comm(f, n, R, ring, bw, cb, ranks, per_node, accumulate, mine)
     # FSDP: the same count K of micro-batches on every rank; each waits for the slowest rank's
     # piece, and prefetching overlaps the collectives with compute. K is tried from the fewest up

@@ -2,9 +2,12 @@
 The process group, and the watchdog that ends a job whose ranks stopped answering.
 """
 import atexit
+import fcntl
 import functools
+import ipaddress
 import os
 import socket
+import struct
 import sys
 import threading
 import time
@@ -28,6 +31,7 @@ def gather(obj):  # every rank's obj, in rank order
 def start_group(backend, device, rank, world_size, stall_timeout):
     store = None
     if world_size > 1:
+        gloo_interface(os.environ.get('MASTER_ADDR'))
         # torchrun's own store (its default) outlives a restart of the group: without a prefix per
         # attempt the new ranks can read the dead ones' addresses and fail to connect. With
         # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (elastic runs, README) rank 0 hosts a new store
@@ -51,6 +55,33 @@ def start_group(backend, device, rank, world_size, stall_timeout):
     atexit.register(lambda: watchdog.stop() or dist.is_initialized() and
                     dist.destroy_process_group())
     return watchdog
+
+
+def gloo_interface(master):
+    # gloo binds to the address its host's name resolves to, and where that is a loopback address
+    # (Debian's and Ubuntu's /etc/hosts: 127.0.1.1; one name for two network namespaces) it tells
+    # the other machines to reach it at 127.0.0.1: "Gloo connectFullMesh failed ... Connection
+    # refused, remote=[127.0.0.1]". Unless GLOO_SOCKET_IFNAME says otherwise, it is the interface
+    # this host reaches the rendezvous host (MASTER_ADDR) through. (A run on one machine: as is.)
+    if os.environ.get('GLOO_SOCKET_IFNAME') or not master:
+        return
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((master, 9))  # (no packet is sent: the route's source address)
+            mine = s.getsockname()[0]
+        if ipaddress.ip_address(mine).is_loopback:
+            return
+        for _, name in socket.if_nameindex():
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                try:  # SIOCGIFADDR: the interface's IPv4 address
+                    got = fcntl.ioctl(s.fileno(), 0x8915, struct.pack('256s', name.encode()[:15]))
+                except OSError:
+                    continue
+            if socket.inet_ntoa(got[20:24]) == mine:
+                os.environ['GLOO_SOCKET_IFNAME'] = name
+                return
+    except (OSError, ValueError):  # no IPv4 route, not Linux: gloo's own choice
+        return
 
 
 def _lost_peer(default, rank, kind, e, tb):

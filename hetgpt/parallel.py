@@ -13,9 +13,10 @@ from torch.utils.checkpoint import checkpoint
 import model as network  # (LMHeadLoss and chunk_loss: the loss to compile)
 
 
-def wrap(raw_model, plan, rank, world_size, device, dtype, compile, seed):
+def wrap(raw_model, plan, rank, world_size, device, dtype, compile, seed, group=None):
     # Returns (model, autocast). raw_model may be on the meta device: each rank then makes
     # storage for its own weights or shard here, with the initial weights (GPT.materialise).
+    # group: DDP's ranks (local steps: the node's, hetgpt/outer.py); None: every rank.
     device_type, ptdtype = device.split(':')[0], getattr(torch, dtype)
     if plan.ac[rank]:  # this rank's backward runs each block's forward again
         for block in raw_model.transformer.h:
@@ -33,7 +34,7 @@ def wrap(raw_model, plan, rank, world_size, device, dtype, compile, seed):
     if not plan.shard:
         raw_model.to(device)
         if world_size > 1:
-            model = DDP(raw_model, gradient_as_bucket_view=True)
+            model = DDP(raw_model, gradient_as_bucket_view=True, process_group=group)
     # DDP keeps float32 weights and its matmuls run in ptdtype. No cache of the weights' 16-bit
     # copies: under ac it would keep every block's until the forward ends.
     autocast = torch.autocast(device_type=device_type, dtype=ptdtype, cache_enabled=False,

@@ -97,3 +97,16 @@ def split_weights(balance, batch_size, world_size):
         die(f"balance={balance!r}: give auto, even, or {world_size} positive weights like "
             + ','.join(['1'] * world_size))
     return weights
+
+
+def notes(config, batch_size, end_lr):
+    # train.py's notes on its knobs, once the run is set up: a schedule that max_iters cuts short
+    # (end_lr: the learning rate at max_iters), and nanoGPT's meaning of batch_size
+    c = config
+    if c['decay_lr'] and c['max_iters'] < c['lr_decay_iters'] and not c['eval_only']:
+        yield (f"warning: max_iters={c['max_iters']} < lr_decay_iters={c['lr_decay_iters']}: "
+               f"the learning rate ends at {end_lr:.2e}, not min_lr={c['min_lr']:.2e}; set "
+               f"lr_decay_iters={c['max_iters']}")
+    if c['gradient_accumulation_steps']:
+        yield (f"gradient_accumulation_steps={c['gradient_accumulation_steps']}: global batch "
+               f"{batch_size} = {c['batch_size']} × that, in sequences")

@@ -5,6 +5,7 @@ metrics or rows, nowhere to write) is one line on stderr and exit status 2.
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -15,8 +16,8 @@ from trainer import one_error_line
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def plot(out_dir, hide_matplotlib=False):
-    cmd = [sys.executable, 'plot.py', out_dir]
+def plot(*out_dirs, hide_matplotlib=False):
+    cmd = [sys.executable, 'plot.py', *out_dirs]
     if hide_matplotlib:  # run plot.py as if matplotlib were not installed: its import fails
         cmd[1:2] = ['-c', "import runpy, sys; sys.modules['matplotlib'] = None; sys.argv = sys.argv[1:]; "
                           "runpy.run_path('plot.py', run_name='__main__')", 'plot.py']
@@ -49,6 +50,25 @@ def test_plot_writes_png(tmp_path):
     assert len(colours) > 10  # lines, text, legend: not a blank canvas
 
 
+def test_plot_compares_runs(tmp_path):
+    # two runs in one plot (compare.png in the first), a colour each; the first's loss.png untouched
+    for run in ('a', 'b'):
+        (tmp_path / run).mkdir()
+        write_metrics(tmp_path / run / 'metrics.jsonl')
+    text = (tmp_path / 'b' / 'metrics.jsonl').read_text()  # b's losses 2 higher: apart from a's
+    (tmp_path / 'b' / 'metrics.jsonl').write_text(re.sub(
+        r'"(loss|val_loss)": ([\d.]+)', lambda m: f'"{m[1]}": {float(m[2]) + 2}', text))
+    r = plot(str(tmp_path / 'a'), str(tmp_path / 'b'))
+    assert r.returncode == 0, r.stderr
+    import matplotlib.image
+    pixels = matplotlib.image.imread(str(tmp_path / 'a' / 'compare.png'))
+    rgb = pixels.reshape(-1, pixels.shape[-1])[:, :3]
+    for colour in ((0.12, 0.47, 0.71), (1.0, 0.5, 0.05)):  # matplotlib's C0 and C1: a run each
+        assert (np.abs(rgb - colour).max(axis=1) < 0.01).sum() > 100, colour
+    assert not (tmp_path / 'a' / 'loss.png').exists()
+    assert 'no' in one_error_line(plot(str(tmp_path / 'a'), str(tmp_path / 'nothing')))
+
+
 def test_plot_without_matplotlib(tmp_path):
     write_metrics(tmp_path / 'metrics.jsonl')
     r = plot(str(tmp_path), hide_matplotlib=True)
@@ -63,7 +83,7 @@ def test_plot_without_metrics(tmp_path):
 
 
 def test_plot_usage():
-    for args in ([], ['a', 'b'], ['--out']):  # (-h and --help: tests/test_help.py)
+    for args in ([], ['a', '--out'], ['--out']):  # (-h and --help: tests/test_help.py)
         r = subprocess.run([sys.executable, 'plot.py', *args], cwd=ROOT, capture_output=True,
                            text=True, timeout=60)
         assert 'usage: python plot.py OUT_DIR' in one_error_line(r)

@@ -19,7 +19,7 @@ from model import GPTConfig
 import plan
 
 BATCH = ('batch_size', 'gradient_accumulation_steps', 'micro_batch_size')
-PLANNED = BATCH + ('memory_fraction', 'max_iters')  # what plan.py reads of train.py's other knobs
+PLANNED = BATCH + ('memory_fraction', 'max_iters', 'outer_interval')  # plan.py reads these too
 TINY_SHAPE = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=256, dropout=0.0,
                   bias=False, init_std=0.02)
 

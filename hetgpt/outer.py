@@ -1,0 +1,189 @@
+"""
+Local steps, for machines on an ordinary network (DiLoCo: Douillard et al. 2023, arXiv 2311.08105).
+With outer_interval = H > 0, each node trains on its own, its ranks data-parallel among themselves
+(DDP over the node's group), and every H steps the nodes average their change of the weights and an
+outer optimizer applies it: Nesterov SGD at outer_lr and outer_momentum (DiLoCo's 0.7 and 0.9). The
+link between nodes then carries the weights once per H steps instead of the gradients every step.
+outer_interval = 0 (the default): every step is one DDP or FSDP step over all ranks, and nothing
+here runs.
+
+A node's data: its ranks' slices of each step's global batch, a function of (seed, step) as always
+(corpus.Batches), sized by the split that the batch has over ranks (by speed, or balance=): over a
+round the nodes read the tokens that every-step training reads, each node its own part, and a
+faster node takes the larger part of each step. Each node's gradient is that of its part (the
+token-loss sum over its tokens), its change weighted by its part of the batch in the average.
+A round ends every H steps, at each evaluation and at the end: the nodes' models are one model
+there. A checkpoint holds each node's weights and optimizer state (node 0's as every checkpoint's
+'model' and 'optim', which sample.py reads), and the outer state: a resume anywhere in a round
+continues it exactly.
+"""
+import math
+
+import torch
+import torch.distributed as dist
+
+from hetgpt import clock, cluster
+from hetgpt.costs import counts
+from hetgpt.errors import die
+from hetgpt.group import gather
+from hetgpt.ladder import flags
+
+# The outer step on the host, bytes per parameter (float32): the change (anchor and weight read,
+# the change written: 12), weighted (8), into and out of the exchange buffer (16), the momentum
+# (read it and the change, write it: 12), the anchor (read the change, momentum and anchor, write
+# a sum and the anchor: 20), the weight set (8)
+HOST_BYTES = 76
+
+
+class Outer:
+
+    def __init__(self, config, plan, rank, world_size, local_world):
+        self.interval, self.world_size = config['outer_interval'], world_size
+        self.lr, self.momentum = config['outer_lr'], config['outer_momentum']
+        self.eval_interval, self.max_iters = config['eval_interval'], config['max_iters']
+        self.block_size = config['block_size']
+        self.group = None  # the group of the inner data parallelism: None, every rank
+        if not self.interval:
+            return
+        if plan.shard:
+            die(f"outer_interval={self.interval} averages whole models across nodes: it needs "
+                f"plan ddp or ddp+ac, not {plan.strategy} (a model that does not fit one rank "
+                f"needs outer_interval=0)")
+        if len(set(gather(local_world))) > 1 or world_size % local_world:
+            die(f"outer_interval={self.interval} needs as many ranks on every node "
+                f"(torchrun's --nproc_per_node); give every node the same, or outer_interval=0")
+        # Two levels of groups: each node's ranks (the inner DDP), and each local rank with its
+        # peers of the other nodes (the exchange: each carries 1/L of the weights across)
+        L, N = local_world, world_size // local_world
+        self.L, self.node, self.local = L, rank // L, rank % L
+        self.group, _ = dist.new_subgroups_by_enumeration(
+            [[n * L + i for i in range(L)] for n in range(N)])
+        self.across, _ = dist.new_subgroups_by_enumeration(
+            [[n * L + i for n in range(N)] for i in range(L)])
+        self.mine = range(self.node * L, self.node * L + L)  # this node's ranks
+
+    def __bool__(self):  # local steps on
+        return bool(self.interval)
+
+    def weight(self, sizes, tokens_per_step):
+        # The loss's factor (sum of token losses × it): 1 / the tokens whose gradient the step
+        # takes (the whole batch's, or this node's), × the ranks DDP averages over
+        if not self.interval:
+            return self.world_size / tokens_per_step
+        return self.L / max(1, self.share(sizes) * self.block_size)
+
+    def share(self, sizes):  # this node's sequences of the step (sizes: every rank's)
+        return sum(sum(sizes[r]) for r in self.mine)
+
+    def begin(self, model):
+        # The outer state, on the host: the weights of the last round's end (anchor) and the
+        # outer momentum, float32, one per parameter (a tied one once)
+        if not self.interval:
+            return
+        raw = getattr(model, 'module', model)
+        self.names, self.params = zip(*raw.named_parameters())
+        self.anchor = [p.detach().to('cpu', torch.float32, copy=True) for p in self.params]
+        self.buf = [torch.zeros_like(a) for a in self.anchor]
+
+    @torch.no_grad()
+    def step(self, it, sizes):
+        # After step it (steps done), with sizes every rank's micro-batches of that step: at a
+        # round's end, the outer step
+        if not self.interval or (it % self.interval and it % self.eval_interval
+                                 and it != self.max_iters):
+            return
+        part = self.share(sizes) / sum(map(sum, sizes))
+        change = torch.cat([(a - p.detach().to('cpu', torch.float32)).flatten()
+                            for a, p in zip(self.anchor, self.params)]) * part
+        self.exchange(change)  # the nodes' weighted sum: the average change
+        at = 0
+        for a, m, p in zip(self.anchor, self.buf, self.params):
+            g = change[at:at + a.numel()].view_as(a)
+            at += a.numel()
+            m.mul_(self.momentum).add_(g)  # torch.optim.SGD's Nesterov, dampening 0
+            a.add_(g.add(m, alpha=self.momentum), alpha=-self.lr)
+            p.copy_(a)
+
+    def exchange(self, flat):
+        # flat summed over the nodes: local rank i sums piece i with its peers (the link carries
+        # the weights once whatever the node's ranks), then the node's ranks gather the pieces
+        n = flat.numel()
+        rows = torch.zeros(self.L, math.ceil(n / self.L))
+        rows.view(-1)[:n] = flat
+        dist.all_reduce(rows[self.local], group=self.across)
+        if self.L > 1:
+            dist.all_gather(list(rows), rows[self.local].clone(), group=self.group)
+        flat.copy_(rows.view(-1)[:n])
+
+    def entries(self, state, stored=None):
+        # A checkpoint's entries ({'model': ..., 'optim': ...}): this node's under keys of its own
+        # (node 0's as they are), and the outer state. stored: a checkpoint's top-level keys, to
+        # read what it holds (a node it had not: node 0's; no outer state: none).
+        if not self.interval:
+            return state
+        out = {}
+        for key, sd in state.items():
+            own = f"{key}@node{self.node}" if self.node else key
+            out[own if stored is None or own in stored else key] = sd
+        if stored is None or 'outer' in stored:
+            out['outer'] = {'anchor': dict(zip(self.names, self.anchor)),
+                            'momentum': dict(zip(self.names, self.buf))}
+        return out
+
+    def loaded(self, stored):
+        # After a checkpoint without outer state was read: a round starts from its weights
+        if self.interval and 'outer' not in stored:
+            for a, m, p in zip(self.anchor, self.buf, self.params):
+                a.copy_(p.detach())
+                m.zero_()
+
+
+# -----------------------------------------------------------------------------
+# The time of a step with local steps, for the planner (plan.py): each node's step alone, and
+# once per round the exchange over the link.
+def step_times(plan, interval, inter_node_bw=None):
+    # (every step, local steps, exchange) seconds for a plan made by planner.make_plan with
+    # inter_node_bw (as clock.bandwidth reads it): every step, the plan's own step; with local
+    # steps of interval H, the slowest node's step alone (its part of the batch over its ranks, as
+    # the plan splits it) + the exchange / H. The exchange: a ring of the N nodes carries 2(N-1)/N
+    # of 4 bytes per parameter each way over each node's link, through gloo on the host, at the
+    # link's rate (clock.bandwidth) at most gloo's (clock.CPU_COMM_BW); the node's ranks gather the
+    # pieces at its own links' rate; GPU ranks copy the weights to and from the host; the host's
+    # update (HOST_BYTES) at a thread's rate (gpus.HOST_THREAD_BW).
+    # The plan's ranks are parts of entries of identical ranks (hetgpt/cluster.py; one rank each
+    # when train.py plans): a node of a group of nodes alike holds each entry's count / nodes
+    # ranks, timed at the largest share of the entry's parts.
+    from hetgpt.gpus import HOST_THREAD_BW
+    cfg, ranks, f = plan.config, plan.ranks, flags(plan.strategy)
+    n = counts(cfg)['total']
+    parts = {}  # an entry (its node group, its first rank) -> its parts' indices
+    for k, r in enumerate(ranks):
+        parts.setdefault((r['node'], r['rank']), []).append(k)
+    entries = [dict(ranks[ks[0]], count=sum(ranks[k]['count'] for k in ks)) for ks in parts.values()]
+    alone, inside = 0.0, 0.0
+    for node in {r['node'] for r in ranks}:
+        mine, batch, caps, ac, weights = [], 0, [], [], []
+        for (at, _), ks in parts.items():
+            if at != node:
+                continue
+            width = sum(ranks[k]['count'] for k in ks) // ranks[ks[0]]['nodes']
+            k = max(ks, key=lambda k: plan.share[k])
+            mine.append(dict(ranks[k], count=width, nodes=1))
+            batch += width * plan.share[k]
+            caps.append(plan.caps[k])
+            ac.append(plan.ac[k])
+            weights.append(plan.weights[k] if plan.weights else None)
+        if batch:
+            alone = max(alone, clock.step(cfg, batch, mine, f, caps, ac,
+                                          not plan.reduce_every_micro_batch,
+                                          weights if plan.weights else None)[0])
+        L = sum(r['count'] for r in mine)
+        inside = max(inside, (L - 1) / L * 4 * n / clock.bandwidth(mine, None))
+    N = cluster.node_count(entries)
+    link = min(clock.bandwidth(entries, inter_node_bw), clock.CPU_COMM_BW)
+    across = 2 * (N - 1) / N * 4 * n / link if N > 1 else 0.0
+    gpu = [r for r in ranks if r['device'] == 'cuda']
+    copies = max((8 * n / (clock._dev(r)['host'] * 1e9 * clock.PCIE_EFFICIENCY) for r in gpu),
+                 default=0.0)
+    exchange = across + inside + copies + HOST_BYTES * n / (HOST_THREAD_BW * 1e9)
+    return plan.step_time, alone + exchange / max(1, interval), exchange
