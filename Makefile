@@ -1,5 +1,5 @@
 # make demo: a venv with the runtime set (requirements.txt), the offline pydocs corpus, a few
-#   minutes of gpt_tiny on CPU, a sample.
+#   minutes of gpt_tiny on CPU (its val loss before and after), ten short samples.
 # make check: the fast tier of make test (minutes), after an edit.
 # make test: adds the test set (requirements-dev.txt) to that venv; the test suite (CPU, gloo,
 #   offline). Both install the versions the tests passed with (constraints.txt);
@@ -25,7 +25,8 @@ data/pydocs/train.bin: data/prepare.py | .venv/runtime
 
 demo: .venv/runtime data/pydocs/train.bin
 	$(PY) train.py configs/gpt_tiny.py --device=cpu --init_from=auto
-	$(PY) sample.py --out_dir=out/tiny --start="The dictionary" --num_samples=1 --max_new_tokens=120
+	$(PY) sample.py --out_dir=out/tiny --start="The dictionary" --num_samples=10 \
+	    --max_new_tokens=100 --temperature=0.7 --top_k=40
 
 # Two workers (pytest-xdist): most tests wait on the processes they start, so two keep both cores
 # busy (26 min on one, 17 on two, on a 2-core machine). TEST_WORKERS=0 runs them in this process.

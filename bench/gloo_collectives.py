@@ -18,7 +18,7 @@ from hetgpt.group import gloo_interface  # noqa: E402
 
 gloo_interface(os.environ.get('MASTER_ADDR'))
 dist.init_process_group('gloo')
-n = int(sys.argv[1]) if len(sys.argv) > 1 else 7_265_024  # gpt_tiny's parameters
+n = int(sys.argv[1]) if len(sys.argv) > 1 else 7_265_024  # gpt_tiny's, at block_size 256
 full, part = torch.ones(n), torch.ones(n // dist.get_world_size())
 full = full[:part.numel() * dist.get_world_size()]
 calls = {'all_reduce': lambda: dist.all_reduce(full),

@@ -5,6 +5,7 @@ docstrings of its public classes, methods and functions, collected by a child in
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -37,7 +38,22 @@ def documents():
         with open(out, encoding="utf-8") as f:
             modules = json.load(f)
     from pydoc_data.topics import topics
-    return [topics[k] for k in sorted(topics)] + modules
+    return [tidy(topics[k]) for k in sorted(topics)] + [tidy(m) for m in modules]
+
+
+def tidy(doc):
+    # A document as prose: a table's rule lines (+----+, ====) dropped, the spaces that align its
+    # columns one, blank lines empty, trailing spaces gone; a line's indentation (code) kept.
+    # Tables are a few percent of the text, but a small model that meets a run of 40 spaces
+    # repeats it (make demo's sample).
+    lines = []
+    for line in doc.splitlines():
+        if len(line.strip()) > 3 and not re.sub(r"[-=+|*_ ]", "", line):
+            continue
+        text = re.sub(r" {2,}", " ", line.strip())
+        indent = line[:len(line) - len(line.lstrip(" "))] if text else ""
+        lines.append(indent + text)
+    return "\n".join(lines)
 
 
 def dump_stdlib_docs(out):

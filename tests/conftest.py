@@ -35,7 +35,10 @@ CHECK = {
         "the modern block's KV cache (grouped-query keys) against full recomputation",
 }
 
-LONGEST = ('test_gpu_check.py::test_gpu_check_dry_run',
+LONGEST = ('test_readme.py::test_make_demo_learns',
+           'test_big_path.py::test_rehearsal_of_the_big_path_on_cpu',
+           'test_gpu_check.py::test_gpu_check_dry_run',
+           'test_two_nodes.py::test_two_machines_over_a_slow_link',
            'test_membership.py::test_a_machine_leaves_then_another_joins')
 
 

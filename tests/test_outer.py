@@ -119,7 +119,7 @@ def test_local_steps_refuse_a_sharded_plan(tmp_path):
 
 
 def test_plan_says_when_local_steps_are_faster(capsys):
-    # gpt_tiny (7,265,024 parameters) on 2 CPU machines: at 100 Mbit/s every step's all-reduce of the
+    # gpt_tiny (7,248,640 parameters) on 2 CPU machines: at 100 Mbit/s every step's all-reduce of the
     # float32 gradients (2 × 1/2 × 4 bytes each way, a ring of 2) takes seconds; local steps carry
     # the weights once per round
     import plan
@@ -136,7 +136,7 @@ def test_plan_says_when_local_steps_are_faster(capsys):
         H, local, alone, exchange, gain, every = int(m[1]), *map(float, m.groups()[1:])
         assert abs(local - (alone + exchange / H)) < 0.01 * local
         assert abs(gain - every / local) < 0.01 * gain + 0.01
-        link = 4 * 7_265_024 / (gbit * 1e9 / 8 * NIC_EFFICIENCY)  # the ring's bytes each way
+        link = 4 * 7_248_640 / (gbit * 1e9 / 8 * NIC_EFFICIENCY)  # the ring's bytes each way
         assert link < exchange < 1.25 * link, (exchange, link)
         assert link < every < alone + 1.25 * link, (every, alone, link)
         said[gbit] = gain, 'local steps are faster' in out
