@@ -2,7 +2,8 @@
 Generation speed with and without the KV cache, random init, float32, greedy, batch 1.
   python bench/sample_speed.py                      # gpt_tiny's shape, then GPT-2 124M's
   python bench/sample_speed.py --big_new_tokens=500  # 124M for 500 tokens too: ~10 min on 2 cores
-Prints markdown rows for bench/RESULTS.md. gpt_tiny's block_size is 256, so 500 new tokens slide
+Prints markdown rows for bench/RESULTS.md. gpt_tiny's shape as measured has block_size 256 (the
+config's is 128 since 2026-12-06), so 500 new tokens slide
 the window past it: from there on the cache can't be used (learned positions shift) and both paths
 recompute the last block_size tokens each step.
 """

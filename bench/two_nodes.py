@@ -38,8 +38,10 @@ from nodes import Netns, agents, ok  # noqa: E402
 from trainer import run_train  # noqa: E402
 from hetgpt.metrics import read_rows  # noqa: E402
 
+# gpt_tiny as these runs measured it (bench/RESULTS.md), before make demo's settings
 BASE = ['configs/gpt_tiny.py', '--device=cpu', '--compile=False', '--checkpoint_interval=0',
-        '--balance=even']
+        '--balance=even', '--block_size=256', '--batch_size=8', '--learning_rate=2e-3',
+        '--min_lr=2e-4', '--eval_interval=50']
 RATES = {'100 Mbit/s': 100e6, '1 Gbit/s': 1e9}
 
 

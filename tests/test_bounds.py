@@ -94,10 +94,10 @@ def test_the_largest_batch_allowed_plans_and_its_micro_batches_sum_to_it():
 
 
 def test_plan_takes_the_largest_batch_and_refuses_one_more(tmp_path):
-    ok = subprocess.run(PLAN + ['configs/gpt_tiny.py', '--gradient_accumulation_steps=2097152'],
-                        cwd=ROOT, capture_output=True, text=True, timeout=60)  # 8 × 2**21 = 2**24
-    assert ok.returncode == 0 and 'batch 16777216 × 256 tokens' in ok.stdout, ok.stderr[-2000:]
-    over = subprocess.run(PLAN + ['configs/gpt_tiny.py', '--gradient_accumulation_steps=2097153'],
+    ok = subprocess.run(PLAN + ['configs/gpt_tiny.py', '--gradient_accumulation_steps=1048576'],
+                        cwd=ROOT, capture_output=True, text=True, timeout=60)  # 16 × 2**20 = 2**24
+    assert ok.returncode == 0 and 'batch 16777216 × 128 tokens' in ok.stdout, ok.stderr[-2000:]
+    over = subprocess.run(PLAN + ['configs/gpt_tiny.py', '--gradient_accumulation_steps=1048577'],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     one_error_line(over, 'gradient_accumulation_steps')
 

@@ -554,7 +554,7 @@ PLAN_MISTAKES = [  # (arguments after configs/gpt_tiny.py, what the error line s
     ('--gpus 12xH100-SXM --nodes 5', 'one of 1, 2, 3, 4, 6, 12'),
     ('--host_mem -1', '--host_mem'), ('--host_mem 0', '--host_mem'),
     ('--host_mem nan', '--host_mem'), ('--nodes -1', '--nodes'), ('--nodes 0', '--nodes 0: must be >= 1'),
-    ('--gpus 9xH100-SXM', 'batch_size=8 cannot feed 9 ranks'),  # as train.py says it
+    ('--gpus 17xH100-SXM', 'batch_size=16 cannot feed 17 ranks'),  # as train.py says it
     ('--nodes 3 --gpus 2xH100-SXM', 'one per node'), ('--micro_batch_size=-1', 'micro_batch_size=-1'),
     ('--memory_fraction=0', 'memory_fraction=0'), ('--memory_fraction=1.5', 'memory_fraction'),
     ('--inter_node_gbs 0', '--inter_node_gbs'), ('--inter_node_gbs inf', '--inter_node_gbs'),

@@ -61,13 +61,13 @@ def test_make_demo_learns_then_the_readme_s_commands_run_as_written(tmp_path):
     env = dict(os.environ, PYTHONWARNINGS='ignore',
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ['PATH'])
 
-    def sh(command, threads='1'):
+    def sh(command, **extra):
         return subprocess.run(['bash', '-c', command], cwd=work, capture_output=True, text=True,
-                              timeout=1200, env=dict(env, OMP_NUM_THREADS=threads))
+                              timeout=1200, env=dict(env, **extra))
 
-    # make demo, as the README's first line: (copytree kept the mtimes, so make sees the venv
-    # as up to date and builds the corpus, the run and the samples)
-    demo = sh('make demo', threads='2')
+    # make demo, as the README's first line (copytree kept the mtimes, so make sees the venv as up
+    # to date and builds the corpus, the run and the samples); its threads as make test sets them
+    demo = sh('make demo')
     assert demo.returncode == 0, demo.stdout[-2000:] + demo.stderr[-2000:]
     vals = [float(v) for v in re.findall(r'^iter \d+: val loss ([\d.]+)$', demo.stdout, re.M)]
     train = np.fromfile(work / 'data' / 'pydocs' / 'train.bin', dtype=np.uint16)
@@ -84,6 +84,6 @@ def test_make_demo_learns_then_the_readme_s_commands_run_as_written(tmp_path):
     assert len(triples) >= 100 and rate >= 0.20, (rate, len(triples), samples)
 
     for command in run:
-        p = sh(command)
+        p = sh(command, OMP_NUM_THREADS='1')
         assert p.returncode == 0, (command, p.stdout[-1000:], p.stderr[-2000:])
         assert 'Traceback' not in p.stderr, (command, p.stdout[-2000:])
