@@ -44,8 +44,8 @@ def documents():
 def tidy(doc):
     # A document as prose: a table's rule lines (+----+, ====) dropped, the spaces that align its
     # columns one, blank lines empty, trailing spaces gone; a line's indentation (code) kept.
-    # Tables are a few percent of the text, but a small model that meets a run of 40 spaces
-    # repeats it (make demo's sample).
+    # GPT-2's BPE writes a run of spaces one token per space, and a small model that has met
+    # runs of 40 repeats them to the end of its sample (make demo's; bench/RESULTS.md).
     lines = []
     for line in doc.splitlines():
         if len(line.strip()) > 3 and not re.sub(r"[-=+|*_ ]", "", line):

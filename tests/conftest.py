@@ -36,7 +36,6 @@ CHECK = {
 }
 
 LONGEST = ('test_readme.py::test_make_demo_learns',
-           'test_big_path.py::test_rehearsal_of_the_big_path_on_cpu',
            'test_gpu_check.py::test_gpu_check_dry_run',
            'test_two_nodes.py::test_two_machines_over_a_slow_link',
            'test_membership.py::test_a_machine_leaves_then_another_joins')
