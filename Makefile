@@ -26,7 +26,7 @@ data/pydocs/train.bin: data/prepare.py | .venv/runtime
 demo: .venv/runtime data/pydocs/train.bin
 	$(PY) train.py configs/gpt_tiny.py --device=cpu --init_from=auto
 	$(PY) sample.py --out_dir=out/tiny --start="The dictionary" --num_samples=10 \
-	    --max_new_tokens=100 --temperature=0.7 --top_k=40
+	    --max_new_tokens=100 --top_k=40
 
 # Two workers (pytest-xdist): most tests wait on the processes they start, so two keep both cores
 # busy (26 min on one, 17 on two, on a 2-core machine). TEST_WORKERS=0 runs them in this process.
