@@ -29,8 +29,8 @@ demo: .venv/runtime data/pydocs/train.bin
 	    --max_new_tokens=100 --top_k=40
 
 # Two workers (pytest-xdist): most tests wait on the processes they start, so two keep both cores
-# busy (26 min on one, 17 on two, 25 on three, on a 2-core machine: bench/RESULTS.md). TEST_WORKERS=0
-# runs them in this process.
+# busy (26 min on one, 17 on two, 25 on three, on a 2-core machine: bench/RESULTS.md).
+# TEST_WORKERS=0 runs them in this process.
 TEST_WORKERS ?= 2
 test: .venv/dev
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=8 tests
