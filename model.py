@@ -1,9 +1,9 @@
 """
 GPT-2, in one file: what the network is, and nothing about where it runs.
 Sharding, activation checkpointing, compilation and offload are applied from
-outside (hetgpt/parallel.py, as the plan says).
+outside (hetgpt/run/parallel.py, as the plan says).
 References: OpenAI's GPT-2, HF transformers' modeling_gpt2.py, nanoGPT's
-model.py (its module names kept: HF weights map one to one, hetgpt/hf.py).
+model.py (its module names kept: HF weights map one to one, hetgpt/run/hf.py).
 """
 import math
 from dataclasses import dataclass, fields
@@ -12,13 +12,13 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from hetgpt.draw import normal_
+from hetgpt.init_weights import normal_
 
 
 @dataclass(frozen=True)
 class GPTConfig:
     # Every field is a knob of train.py and plan.py (train.py may set its own
-    # default), bounded by hetgpt/shape.py's table or else by its type, and
+    # default), bounded by hetgpt/knobs.py's table or else by its type, and
     # kept in each checkpoint: a field added here is all a new knob needs.
     block_size: int = 1024   # longest sequence (learned positions)
     vocab_size: int = 50304  # GPT-2's 50257, padded to a multiple of 64
@@ -104,14 +104,15 @@ def chunk_loss(logits, targets):
 
 
 class LMHeadLoss(torch.autograd.Function):
-    # The summed loss (chunk_loss) of x @ weight.T, without the micro-batch's
+    # The summed loss of x @ weight.T, kernel(chunk of logits, targets) per
+    # chunk (chunk_loss, or a compiled copy), without the micro-batch's
     # logits: one group of rows' logits at a time, each chunk of them
     # replaced by its gradient, which gives the group's share of the
-    # gradients of x and weight. backward only scales them.
-    kernel = staticmethod(chunk_loss)  # (compiled by hetgpt/parallel.py)
+    # gradients of x and weight. backward only scales them. chunks: (rows
+    # per chunk, per group).
 
     @staticmethod
-    def forward(ctx, x, weight, targets, need_grad):
+    def forward(ctx, x, weight, targets, need_grad, kernel, chunks):
         shape = x.shape
         x, targets = x.reshape(-1, x.size(-1)), targets.reshape(-1)
         loss = torch.zeros((), device=x.device)
@@ -124,8 +125,8 @@ class LMHeadLoss(torch.autograd.Function):
         if torch.is_autocast_enabled(dev):  # cast once, not per chunk
             dtype = torch.get_autocast_dtype(dev)
             x, weight = x.to(dtype), weight.to(dtype)
-        rows, group = LOSS_CHUNK.get(dev, (1024, 1024))
-        assert group % rows == 0, f"LOSS_CHUNK[{dev!r}]: not whole chunks"
+        rows, group = chunks
+        assert group % rows == 0, f"loss chunks {chunks}: not whole chunks"
         logits = x.new_empty(min(group, len(x)), len(weight))
         for g in range(0, len(x), group):
             xg = x[g:g + group]
@@ -133,7 +134,7 @@ class LMHeadLoss(torch.autograd.Function):
             for i in range(0, len(lg), rows):
                 chunk = lg[i:i + rows].requires_grad_(need_grad)
                 with torch.enable_grad():  # (forward runs without autograd)
-                    s = LMHeadLoss.kernel(chunk, targets[g + i:g + i + rows])
+                    s = kernel(chunk, targets[g + i:g + i + rows])
                 loss += s
                 if need_grad:  # the chunk's logits give way to their gradient
                     chunk.copy_(torch.autograd.grad(s, chunk)[0])
@@ -147,7 +148,8 @@ class LMHeadLoss(torch.autograd.Function):
     def backward(ctx, grad_loss):
         grad_x, grad_w = ctx.saved_tensors
         grad_w = (grad_w * grad_loss).to(ctx.weight_dtype)
-        return (grad_x * grad_loss).view(ctx.shape), grad_w, None, None
+        grad_x = (grad_x * grad_loss).view(ctx.shape)
+        return grad_x, grad_w, None, None, None, None
 
 
 # (tokens per chunk, per group of chunks), by device type: a matmul per group
@@ -165,7 +167,9 @@ class GPT(nn.Module):
     #   token losses); without targets, the logits (sample.py);
     # - the model is built on the meta device, then init_weights makes every
     #   parameter and buffer (by module type: below);
-    # - new_caches(batch) makes sample.py's KV cache, one entry per block.
+    # - new_caches(batch) makes sample.py's KV cache, one entry per block;
+    # - loss_kernel is chunk_loss (run/parallel.py compiles it), loss_chunks
+    #   LMHeadLoss's chunks (None: LOSS_CHUNK of the device; the planner's).
 
     def __init__(self, config, seed=None):
         super().__init__()
@@ -179,13 +183,14 @@ class GPT(nn.Module):
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # tied embeddings
+        self.loss_kernel, self.loss_chunks = chunk_loss, None
         self.init_weights(seed)
 
     def init_weights(self, seed=None, device=None):
         # Every parameter and buffer, by its module's type: Linear, Embedding
         # from normal(0, init_std), c_proj's / sqrt(2 * n_layer) (GPT-2's),
         # zero biases; any other by its reset_parameters() (norms, a rotary
-        # table). A draw is a function of (seed, name) alone (hetgpt/draw.py);
+        # table). A draw is a function of (seed, name) alone (hetgpt/init_weights.py);
         # seed None: torch's; device: where draws run (CUDA's are not CPU's).
         seed = torch.initial_seed() if seed is None else seed
         done = set()  # (the tied head is wte's weight: drawn once, as wte)
@@ -254,8 +259,10 @@ class GPT(nn.Module):
         if targets is None:
             return self.lm_head(x[:, [-1]] if last_only else x), None
         # the loss without the (tokens × vocab) logits: no logits returned
+        chunks = self.loss_chunks or LOSS_CHUNK.get(x.device.type)
         loss = LMHeadLoss.apply(x, self.lm_head.weight, targets,
-                                torch.is_grad_enabled())
+                                torch.is_grad_enabled(), self.loss_kernel,
+                                chunks or (1024, 1024))
         if reduction == 'sum':
             return None, loss
         return None, loss / (targets != -1).sum()
@@ -264,7 +271,7 @@ class GPT(nn.Module):
 def make_optimizer(model, config):
     # A list of optimizers from train.py's knobs: AdamW, decaying matrices,
     # not biases and gains (Muon: one edit, tests/test_optimizer.py). The
-    # planner measures what this returns (hetgpt/costs.py).
+    # planner measures what this returns (hetgpt/planner/costs.py).
     decay = [p for p in model.parameters() if p.dim() >= 2]
     other = [p for p in model.parameters() if p.dim() < 2]
     return [adamw([{'params': decay, 'weight_decay': config['weight_decay']},

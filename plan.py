@@ -1,33 +1,30 @@
 """
-plan.py: does a GPT config fit these GPUs, and how? The planner's dry run (hetgpt/planner.py),
+plan.py: does a GPT config fit these GPUs, and how? The planner's dry run (hetgpt/planner/search.py),
 before any GPU is touched: the model is built on the meta device, nothing is allocated.
 
 $ python plan.py configs/gpt_70b.py --gpus 16xA100-80GB --host_mem 1024 --nodes 2
 $ python plan.py configs/gpt_13b.py --gpus 4xA100-80GB,4xV100-32GB --host_mem 512
 
-The model's shape and the batch are train.py's knobs, with its defaults and rules (read from its
-source); the table shows each rank's strategy, micro-batch, memory and predicted speed.
+The model's shape and the batch are train.py's knobs, with its defaults (read from its source)
+and rules (hetgpt/knobs.py); the table shows each rank's strategy, micro-batch, memory and predicted speed.
 """
 import argparse
 import math
-import os
 import re
 import shlex
 import sys
 import time
 from collections import Counter
 
-from configurator import configure, defaults_of, model_defaults, rules_of
-from hetgpt import cluster, shape
+from hetgpt import knobs
 from hetgpt.errors import die
 from hetgpt.gpus import GPUS, peak_flops
-from hetgpt.ladder import DTYPES, STRATEGIES
-from hetgpt.metrics import duration
+from hetgpt.knobs import DTYPES, STRATEGIES, configure, defaults_of, model_defaults
+from hetgpt.planner import cluster
 
 DEFAULT_GPUS = '1xH200'
 LISTED = 16  # nodes whose torchrun lines are printed one by one
 GiB = 2**30
-TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train.py')
 KNOBS = (*model_defaults(), 'batch_size', 'gradient_accumulation_steps', 'micro_batch_size',
          'memory_fraction', 'max_iters', 'outer_interval')  # (the model's: GPTConfig's fields)
 DILOCO_H = 500  # local steps per round where outer_interval is 0: DiLoCo's (arXiv 2311.08105)
@@ -51,7 +48,7 @@ def _gpu(name, item):
 
 def _cluster(gpus, nodes, host_mem, batch=None, cpu_flops=None):
     # '4xA100-80GB,4xV100-32GB' -> ranks spread evenly over nodes (default, nodes None: 8 GPUs per
-    # node), as entries of identical ranks (hetgpt/cluster.py: a million GPUs are a few entries).
+    # node), as entries of identical ranks (hetgpt/planner/cluster.py: a million GPUs are a few entries).
     # batch: the global batch, which must hold a sequence per rank (train.py's rule); cpu_flops:
     # a CPU rank's FLOP/s (--cpu_gflops)
     kinds = []
@@ -61,13 +58,13 @@ def _cluster(gpus, nodes, host_mem, batch=None, cpu_flops=None):
             _gpu(None, item)  # (cannot read it)
         key = _gpu(m[2], item)
         if len(m[1] or '') > 18:  # (far beyond any batch: no int of thousands of digits)
-            die(f"--gpus {item}: at most {shape.MAX_BATCH:,} ranks (2**24, the largest batch)")
+            die(f"--gpus {item}: at most {knobs.MAX_BATCH:,} ranks (2**24, the largest batch)")
         if key == 'cpu' and not host_mem:
             die(f"--gpus {item}: CPU ranks need --host_mem (GiB per node), their memory")
         kinds.append((int(m[1] or 1), key))
     R = sum(c for c, _ in kinds)
-    if batch is not None and R > shape.MAX_BATCH:  # (before any work that grows with R)
-        shape.feeds(batch, R)
+    if batch is not None and R > knobs.MAX_BATCH:  # (before any work that grows with R)
+        knobs.feeds(batch, R)
     if nodes is not None and nodes > R:
         die(f"--nodes {nodes} but --gpus {gpus} has {R:,} ranks: at least one per node")
     nodes = nodes or math.ceil(R / 8)
@@ -77,7 +74,7 @@ def _cluster(gpus, nodes, host_mem, batch=None, cpu_flops=None):
         die(f"--nodes {nodes} does not fit {R:,} GPUs (--gpus {gpus}): spread evenly, "
             f"they leave a node empty; give --nodes one of {', '.join(map(str, fits))}")
     if batch is not None:
-        shape.feeds(batch, R)
+        knobs.feeds(batch, R)
     host = host_mem * GiB if host_mem else None
     host_from = 'given (--host_mem)' if host else None
     rank = lambda g: dict(device='cuda', gpu=g, host_mem=host, host_from=host_from) \
@@ -148,14 +145,14 @@ def main(argv=None):
         if not (a.startswith('--') or a.endswith('.py')):
             die(f"{a!r}: give config files (configs/*.py) and --key=value overrides")
     # the model's shape, the batch and memory_fraction: train.py's knobs, with its defaults and
-    # rules (read from train.py's source: nothing of it runs)
-    defaults = {k: v for k, v in defaults_of(TRAIN, model=True).items() if k in KNOBS}
-    rules = {**shape.RULES, **rules_of(TRAIN)}
+    # rules (knobs.TRAIN; the defaults read from train.py's source: nothing of it runs)
+    defaults = {k: v for k, v in defaults_of(knobs.TRAIN_PY, model=True).items() if k in KNOBS}
+    rules = knobs.TRAIN
     config = configure(defaults, args.config + rest, strict_files=False,
                        rules={k: rules.get(k, '') for k in KNOBS})
-    shape.check(config)
+    knobs.check_shape(config)
     # nanoGPT's configs: gradient_accumulation_steps > 0 makes batch_size the micro-batch
-    batch, micro = shape.batch_of(config['batch_size'], config['gradient_accumulation_steps'],
+    batch, micro = knobs.batch_of(config['batch_size'], config['gradient_accumulation_steps'],
                                   config['micro_batch_size'])
     ranks = _cluster(DEFAULT_GPUS if args.gpus is None else args.gpus, args.nodes, args.host_mem,
                      batch, args.cpu_gflops and args.cpu_gflops * 1e9)
@@ -164,7 +161,8 @@ def main(argv=None):
         inter_node_bw = args.link_gbit * 1e9 / 8 / max(cluster.per_node(ranks).values())
     # the knobs and GPUs hold: now the planner, and torch under it (a mistake above is one line
     # in a tenth of a second, without it)
-    from hetgpt.planner import make_plan
+    from hetgpt.planner.plan import duration
+    from hetgpt.planner.search import make_plan
     from model import config_from
     planned = lambda ranks, dtype=args.dtype: make_plan(
         config_from(config), batch, ranks, plan=args.plan, micro_batch_size=micro,
@@ -218,14 +216,15 @@ def choices(p, ranks, dtype, planned):
 
 
 def local_steps(p, interval, inter_node_bw, link_gbit):
-    # Local steps (hetgpt/outer.py) against every step, as predicted: at outer_interval if set, else
+    # Local steps (hetgpt/run/local_steps.py) against every step, as predicted (timing.local_step_times):
+    # at outer_interval if set, else
     # at DiLoCo's H
-    from hetgpt.outer import step_times
+    from hetgpt.planner.timing import local_step_times
     H = interval or DILOCO_H
     if p.shard:
         return (f"local steps (outer_interval): not for this plan, {p.strategy}: they need a "
                 f"whole model on every rank (plan ddp or ddp+ac)")
-    every, local, exchange = step_times(p, H, inter_node_bw)
+    every, local, exchange = local_step_times(p, H, inter_node_bw)
     alone = local - exchange / H
     return (f"local steps, outer_interval={H}" + ('' if interval else
             " (DiLoCo's; set it with --outer_interval=H)") + f": step {local:.3g} s (a node "

@@ -8,7 +8,7 @@ import os
 import sys
 
 from hetgpt.errors import die
-from hetgpt.metrics import read_rows
+from hetgpt.run.metrics import read_rows
 
 
 def number(x):

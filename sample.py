@@ -10,9 +10,9 @@ import os
 import sys
 import time
 
-from configurator import answer_help, configure, is_knob
-
+from hetgpt import knobs
 from hetgpt.errors import die, oneline
+from hetgpt.knobs import answer_help, configure, is_knob
 
 # -----------------------------------------------------------------------------
 init_from = 'resume'   # 'resume' (the latest checkpoint in out_dir), a checkpoint directory, a
@@ -28,13 +28,6 @@ device = 'auto'        # 'auto' (cuda if available), 'cpu', 'cuda', 'cuda:1', 'm
 use_kv_cache = True
 export_hf = ''         # a directory: write the model there as a transformers GPT-2, don't sample
 # -----------------------------------------------------------------------------
-# What each knob may be (configurator.check_rule): a bound, an interval, or a pattern to match.
-# (upper bounds: slips only; top_k's is plan.py's bound on vocab_size)
-RULES = {
-    'init_from': '.+', 'out_dir': '.+', 'start': '', 'num_samples': '[1, 1000000]',
-    'max_new_tokens': '[0, 100000000]', 'temperature': '>= 0', 'top_k': '[0, 16777216]',
-    'seed': '[0, 4294967295]', 'device': 'auto|cpu|cuda(:[0-9]+)?|mps', 'use_kv_cache': '',
-    'export_hf': ''}
 
 
 def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True,
@@ -75,7 +68,7 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=
 # The script: run as `python sample.py ...` (tests and benchmarks import generate above).
 if __name__ == '__main__':
     answer_help(__file__)  # --help: the knobs above, read from this file
-    globals().update(configure({k: v for k, v in globals().items() if is_knob(k, v)}, rules=RULES))
+    globals().update(configure({k: v for k, v in globals().items() if is_knob(k, v)}, rules=knobs.SAMPLE))
     GPT2 = ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')
 
     # The mistakes that need no model are reported before the slow imports: the prompt file,
@@ -107,8 +100,7 @@ if __name__ == '__main__':
 
     import torch
 
-    from hetgpt import ckpt
-    from hetgpt import hf
+    from hetgpt.run import checkpoint, hf
     if export_hf:
         hf.need_transformers('--export_hf')  # before any work
 
@@ -128,14 +120,14 @@ if __name__ == '__main__':
         model = hf.from_pretrained(init_from)
     else:
         where = out_dir if init_from == 'resume' else init_from
-        path = ckpt.latest(where)
+        path = checkpoint.latest(where)
         if path is None:
             die(f"no checkpoint in {where}: train a model first "
                 f"(python train.py configs/gpt_tiny.py)")
         began = time.time()
-        model = ckpt.load_model(path)
-        print(f"loaded {path} ({ckpt.size(path, began)})", file=sys.stderr)
-        dataset = (ckpt.read_meta(path).get('config') or {}).get('dataset')
+        model = checkpoint.load_model(path)
+        print(f"loaded {path} ({checkpoint.size(path, began)})", file=sys.stderr)
+        dataset = (checkpoint.read_meta(path).get('config') or {}).get('dataset')
     model.eval().to(device)
 
     if export_hf:
@@ -148,7 +140,7 @@ if __name__ == '__main__':
         raise SystemExit
 
     # The codec: nanoGPT's characters where the data set has its meta.pkl, else GPT-2's BPE
-    from hetgpt import corpus
+    from hetgpt.data import corpus
     chars = isinstance(dataset, str) and corpus.dataset_vocab(os.path.join('data', dataset))
     if chars and 'stoi' in chars:
         stoi, itos = chars['stoi'], chars.get('itos')
@@ -164,7 +156,7 @@ if __name__ == '__main__':
         ids, n_ids = [stoi[c] for c in start] or [stoi.get('\n', 0)], len(itos)
         token_bytes = lambda i: itos[i].encode('utf-8')
     else:
-        from hetgpt.tokenizer import gpt2_encoding
+        from hetgpt.data.tokenizer import gpt2_encoding
         try:
             enc = gpt2_encoding()
         except ValueError as e:  # a BPE file of the repository altered

@@ -9,14 +9,13 @@ nanoGPT's config files run unchanged, its knobs meaning what they mean there.
 import functools
 import math
 import os
-import re
 import time
 from dataclasses import replace
 
-from configurator import answer_help, configure, is_knob, model_defaults
-from hetgpt import shape, signals
+from hetgpt import knobs
 from hetgpt.errors import die, end
-from hetgpt.ladder import STRATEGIES
+from hetgpt.knobs import answer_help, configure, is_knob, model_defaults
+from hetgpt.run import signals
 answer_help(__file__, model=True)  # --help: the knobs below and GPTConfig's
 signals.starting()  # a stop before training (imports included): one line
 
@@ -71,39 +70,12 @@ outer_interval = 0     # > 0: local steps, this many per node between syncs
 outer_lr = 0.7         # local steps' outer Nesterov lr (DiLoCo's)
 outer_momentum = 0.9   # and its momentum (docs/two_machines.md)
 # -----------------------------------------------------------------------------
-# What each knob may be: a bound, an interval, or a pattern (configurator;
-# plan.py reads it too). Upper bounds catch slips only, like an extra zero.
-RULES = {
-    **shape.RULES,  # the model's shape (a checkpoint's is checked too)
-    # the batch: each up to shape.MAX_BATCH = 2**24 (and their product)
-    'batch_size': '[1, 16777216]', 'micro_batch_size': '[0, 16777216]',
-    'gradient_accumulation_steps': '[0, 16777216]',
-    'out_dir': '.+', 'dataset': '.+',
-    'init_from': 'scratch|resume|auto|gpt2(-medium|-large|-xl)?',
-    'eval_interval': '[1, 1e9]', 'eval_iters': '[1, 1e6]',
-    'log_interval': '[1, 1e9]', 'keep_last': '[1, 1e6]',
-    'checkpoint_interval': '[0, 1e9]', 'max_iters': '[1, 1e9]',
-    'eval_only': '', 'always_save_checkpoint': '', 'new_dataset': '',
-    'decay_lr': '', 'wandb_log': '', 'wandb_project': '',
-    'wandb_run_name': '', 'compile': '',
-    'learning_rate': '> 0', 'weight_decay': '>= 0', 'min_lr': '>= 0',
-    'beta1': '[0, 1)', 'beta2': '[0, 1)', 'adam_eps': '>= 0',
-    'grad_clip': '>= 0', 'max_bad_steps': '[1, 1e9]',
-    'warmup_iters': '[0, 1e9]', 'lr_decay_iters': '[0, 1e9]',
-    'seed': '[0, 1e18]',  # (+ 1,000,003 × iter_num: within 64 bits)
-    'device': 'auto|cpu|cuda(:[0-9]+)?',
-    'dtype': 'auto|(float32|bfloat16|float16)(,(float32|bfloat16|float16))*',
-    'plan': '|'.join(map(re.escape, ('auto',) + STRATEGIES)),
-    'memory_fraction': '(0, 1]', 'init_device': 'auto|cpu|meta',
-    'balance': r'auto|even|[0-9.,]+', 'rebalance_interval': '[1, 1e9]',
-    'stall_timeout': '[0, 1e7]',  # (seconds: 1e7 is 16 weeks)
-    'outer_interval': '[0, 1e9]', 'outer_lr': '> 0', 'outer_momentum': '[0, 1)'}
 defaults = {**model_defaults(),  # (a field not set above: model.py's default)
             **{k: v for k, v in globals().items() if is_knob(k, v)}}
-config = configure(defaults, rules=RULES)
-shape.check(config)  # (and n_embd divisible by n_head)
+config = configure(defaults, rules=knobs.TRAIN)  # (hetgpt/knobs.py)
+knobs.check_shape(config)  # (and n_embd divisible by n_head)
 globals().update(config)
-batch_size, micro_batch_size = shape.batch_of(  # (nanoGPT's configs)
+batch_size, micro_batch_size = knobs.batch_of(  # (nanoGPT's configs)
     batch_size, gradient_accumulation_steps, micro_batch_size)
 if decay_lr and min_lr > learning_rate:
     die(f"min_lr={min_lr} is above learning_rate={learning_rate}: lower min_lr")
@@ -111,7 +83,7 @@ world_size = int(os.environ.get('WORLD_SIZE', 1))  # set by torchrun
 rank = int(os.environ.get('RANK', 0))
 local_rank = int(os.environ.get('LOCAL_RANK', 0))
 local_world = int(os.environ.get('LOCAL_WORLD_SIZE', 1))
-weights = shape.split_weights(balance, batch_size, world_size)  # None: by speed
+weights = knobs.split_weights(balance, batch_size, world_size)  # None: by speed
 
 # The knobs hold: now torch (a mistake above took a tenth of a second).
 # GPU memory in pages any tensor can reuse, as the planner budgets it:
@@ -120,10 +92,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from hetgpt import (ckpt, corpus, costs, group, hardware, hf, membership,
-                    metrics, optim, outer, parallel, planner, probe, rundir)
-from hetgpt.balance import Speed
-from hetgpt.group import gather
+from hetgpt import hardware
+from hetgpt.data import corpus
+from hetgpt.planner import search
+from hetgpt.planner.plan import duration
+from hetgpt.run import (checkpoint, hf, local_steps, membership, metrics,
+                        optim, parallel, probe, process_group, rundir)
+from hetgpt.run.process_group import gather
+from hetgpt.run.speed import MFU, Speed
 from model import GPT, config_from, make_optimizer
 # nanoGPT's character-level data (meta.pkl) sets vocab_size, if not given
 chars = corpus.dataset_vocab(os.path.join('data', dataset))
@@ -138,8 +114,8 @@ device, compile, how = hardware.resolve(device, compile, local_rank)
 device_type = device.split(':')[0]
 # The watchdog ends this rank, naming the silent one, when no step
 # completes for stall_timeout seconds (4× that at start-up and checkpoints).
-watchdog = group.start_group(hardware.BACKENDS[device_type], device, rank,
-                             world_size, stall_timeout)
+watchdog = process_group.start(hardware.BACKENDS[device_type], device,
+                               rank, world_size, stall_timeout)
 master = rank == 0
 log = functools.partial(print, flush=True) if master else lambda *a: None
 log(f"{world_size} rank(s) on {device_type}, {how}; planning")
@@ -162,15 +138,15 @@ else:
 if model_args.block_size < block_size:
     die(f"block_size={block_size} exceeds the model's {model_args.block_size}")
 stated = hardware.stated_memory(local_rank, device_type)  # HETGPT_MEM_GIB
-host_bw = costs.host_step_rate(device_type)  # (before this_rank measures)
+host_bw = probe.host_step_rate(device_type)  # (before this_rank measures)
 ranks = gather(hardware.this_rank(device_type, rank, local_world, stated, host_bw))
-run_plan = planner.make_plan(
+run_plan = search.make_plan(
     model_args, batch_size, ranks, plan=plan, micro_batch_size=micro_batch_size,
     memory_fraction=memory_fraction, dtype=dtype, weights=weights,
     init_device='cpu' if pretrained else init_device)
 if not run_plan.fits:
     die(f"plan={plan} does not fit: {run_plan.advice}")
-local = outer.Outer(config, run_plan, rank, world_size, local_world)
+local = local_steps.LocalSteps(config, run_plan, rank, world_size, local_world)
 # The initial weights: a function of (seed, name) under every placement.
 # 'cpu': the whole model on the host first; 'meta': each rank makes its shard.
 torch.manual_seed(seed)
@@ -236,7 +212,7 @@ def probe_step(sizes):  # a step that changes nothing: zero gradients, lr 0
         opt.zero_grad(set_to_none=True)
 
 
-# The plan checked on the real device (hetgpt/probe.py), then the split by
+# The plan checked on the real device (hetgpt/run/probe.py), then the split by
 # each rank's measured speed (unless balance= gives it)
 by_speed = weights is None and world_size > 1
 with optim.frozen(optimizers):
@@ -246,24 +222,24 @@ with optim.frozen(optimizers):
         offsets = data.offsets('train', -1, caps[rank])
         speed.measure(caps[rank], lambda sizes: forward_backward(
             offsets, sizes, 0.0, reduce=False))
-run_plan = planner.resplit(run_plan, caps, speed.c0, speed.c1)
+run_plan = search.resplit(run_plan, caps, speed.c0, speed.c1)
 log(run_plan.table(measured))
 resumed = {}
 local.begin(model)  # (local steps: the weights each round starts from)
 if resume_from:
-    resumed, took = ckpt.load(resume_from, model, optimizers, model_args, local)
+    resumed, took = checkpoint.load(resume_from, model, optimizers, model_args, local)
     joined = membership.membership(resumed.get('machines'), machines)
     log(f"resumed from {resume_from} ({took}) at iter {resumed['iter']}{joined}")
     optim.restore_scale(scaler, resumed.get('loss_scale'))  # (float16's)
 iter_num = resumed.get('iter', 0)
 best_val = resumed.get('best_val_loss')  # (nanoGPT's saving on a new best)
 best_val = best_val if type(best_val) is float else math.inf
-for note in shape.notes(config, batch_size, get_lr(max_iters)):
+for note in knobs.notes(config, batch_size, get_lr(max_iters)):
     log(note)  # (a schedule max_iters cuts short; nanoGPT's batch)
 wandb_init = wandb_log and dict(project=wandb_project, name=wandb_run_name, config=config)
 first = {'iter': iter_num, **run_plan.record(probed)}  # the plan, as probed
 record = metrics.Metrics(out_dir, iter_num, first, wandb_init, master)
-mfu = costs.MFU(replace(model_args, block_size=block_size), ranks, run_plan.dtypes)
+mfu = MFU(replace(model_args, block_size=block_size), ranks, run_plan.dtypes)
 tokens_per_step = batch_size * block_size
 
 
@@ -338,7 +314,7 @@ while iter_num < max_iters and not eval_only:
                'tokens_per_sec': tokens_per_step / dt,
                'mfu': mfu(batch_size, dt), 'mem_gib': mem,
                'reserved_gib': reserved, 'host_gib': host}
-        log(metrics.line(row, eta=dt * (max_iters - iter_num)))
+        log(metrics.line(row, duration(dt * (max_iters - iter_num))))
         record(row)
         speed.report(ran, mfu)
         t_log, steps_since = time.perf_counter(), 0
@@ -361,7 +337,7 @@ while iter_num < max_iters and not eval_only:
                 'machines': machines, 'fingerprint': fingerprint,
                 'best_val_loss': None if best_val == math.inf else best_val,
                 'loss_scale': scaler.get_scale() if scaler.is_enabled() else None}
-        path, took = ckpt.save(out_dir, iter_num, model, optimizers, meta,
+        path, took = checkpoint.save(out_dir, iter_num, model, optimizers, meta,
                                keep_last, local)
         log(f"iter {iter_num}: checkpoint written to {path} ({took})")
     if stopping:

@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.join(ROOT, 'tests'))
 from conftest import CHECK  # noqa: E402
 
 # name -> (the test, edits: (file, old, new) each, what breaks)
-FROZEN_MLP = ('hetgpt/costs.py', 'from model import GPTConfig\n',
+FROZEN_MLP = ('hetgpt/planner/costs.py', 'from model import GPTConfig\n',
               'from model import GPTConfig\n_MLP = network.MLP  # (frozen at import)\n')
 GPT2_FIELDS = "('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'dropout', 'bias', 'init_std')"
 MUTATIONS = {
@@ -30,32 +30,32 @@ MUTATIONS = {
                  [('model.py', 'mask = mask.tril(diagonal=pos)', 'mask = mask.tril(diagonal=pos - 1)')],
                  'a new query does not see its own key'),
     'saved bytes': ('test_plan_measured.py::test_activation_bytes_follow_an_edit_to_the_model[policy0-swiglu]',
-                    [FROZEN_MLP, ('hetgpt/costs.py', '        block = network.Block(cfg)\n        return (block',
+                    [FROZEN_MLP, ('hetgpt/planner/costs.py', '        block = network.Block(cfg)\n        return (block',
                                   '        block = network.Block(cfg)\n        block.mlp = _MLP(cfg)\n        return (block')],
                     "the planner measures model.py's MLP as it was at import, not the edit"),
     'flops': ('test_plan_measured.py::test_flops_and_parameters_follow_an_edit_to_the_model[wide_mlp]',
-              [FROZEN_MLP, ('hetgpt/costs.py', 'block, rest = network.Block(cfg), network.GPT(replace(cfg, n_layer=0))\n',
+              [FROZEN_MLP, ('hetgpt/planner/costs.py', 'block, rest = network.Block(cfg), network.GPT(replace(cfg, n_layer=0))\n',
                             'block, rest = network.Block(cfg), network.GPT(replace(cfg, n_layer=0))\n'
                             '        block.mlp = _MLP(cfg)\n')],
               "the FLOP count uses model.py's MLP as it was at import"),
     'ddp': ('test_strategies.py::test_strategy_on_two_ranks_matches_one_process[ddp]',
-            [('hetgpt/parallel.py', 'model = DDP(raw_model, gradient_as_bucket_view=True)', 'model = raw_model')],
+            [('hetgpt/run/parallel.py', 'model = DDP(raw_model, gradient_as_bucket_view=True)', 'model = raw_model')],
             'DDP left out: no gradient is reduced over ranks'),
     'fsdp': ('test_strategies.py::test_strategy_on_two_ranks_matches_one_process[fsdp]',
-             [('hetgpt/parallel.py', 'model.set_requires_gradient_sync(reduce)',
+             [('hetgpt/run/parallel.py', 'model.set_requires_gradient_sync(reduce)',
                'model.set_requires_gradient_sync(False)')],
              "FSDP never reduce-scatters the gradients"),
     'uneven split': ('test_strategies.py::test_uneven_split_on_three_ranks_matches_one_process[5,2,1-fsdp]',
                      [('train.py', 'start = sum(map(sum, sizes[:rank]))', 'start = rank * sum(ran)')],
                      "a rank's sequences start where an even split would put them"),
     'resume': ('test_train.py::test_resume_continues_exactly',
-               [('hetgpt/ckpt.py', "read(path, {'model': model_sd, 'optim': optim_sd})", "read(path, {'model': model_sd})")],
+               [('hetgpt/run/checkpoint.py', "read(path, {'model': model_sd, 'optim': optim_sd})", "read(path, {'model': model_sd})")],
                "a resume does not read the optimizer's state"),
     'sample': ('test_sample.py::test_sample_streams_the_models_text',
-               [('hetgpt/ckpt.py', "return (checkpoints(path) or [None])[-1]", "return (checkpoints(path) or [None])[0]")],
+               [('hetgpt/run/checkpoint.py', "return (checkpoints(path) or [None])[-1]", "return (checkpoints(path) or [None])[0]")],
                'the oldest checkpoint is taken for the latest'),
     'export': ('test_sample.py::test_export_hf[False]',
-               [('hetgpt/hf.py', 'sd[k] = ours[k].t() if k.endswith(CONV1D) else ours[k]', 'sd[k] = ours[k]')],
+               [('hetgpt/run/hf.py', 'sd[k] = ours[k].t() if k.endswith(CONV1D) else ours[k]', 'sd[k] = ours[k]')],
                "the export does not transpose GPT-2's Conv1D weights"),
     'modern block': ('test_modern_block.py::test_the_copy_is_the_modern_model',
                      [('model.py', '                        if f.name in d})',

@@ -18,7 +18,7 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from hetgpt.metrics import read_rows  # noqa: E402
+from hetgpt.run.metrics import read_rows  # noqa: E402
 steps, record, train_args = 300, False, []
 for arg in sys.argv[1:]:
     key, _, value = arg.lstrip('-').partition('=')

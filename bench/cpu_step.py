@@ -25,7 +25,7 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from hetgpt.metrics import read_rows  # noqa: E402
+from hetgpt.run.metrics import read_rows  # noqa: E402
 
 if len(sys.argv) < 2 or not os.path.isfile(os.path.join(sys.argv[1], 'train.py')):
     sys.exit("usage: python bench/cpu_step.py NANOGPT_DIR [--steps=40 --rounds=2 --KNOB=VALUE ...]")

@@ -2,7 +2,7 @@
 How often a process that ran a gloo collective aborts at exit ("terminate called without an
 active exception", SIGABRT, pytorch#190489): with errors.skip_teardown (train.py's: os._exit after
 the at-exit handlers) and without it (the interpreter's own teardown), in one run. Each child
-starts a one-rank gloo group as train.py does (group.start_group), holds it as a wrapped model
+starts a one-rank gloo group as train.py does (process_group.start), holds it as a wrapped model
 would, gathers one object and exits 2 at once, as a mistake found while resuming does (CI saw it
 once, in test_ckpt_trust). The two settings alternate, LANES children at a time, so that both
 meet the same load.
@@ -26,11 +26,11 @@ sys.path.insert(0, sys.argv[2])
 from hetgpt import errors
 errors.last_at_exit()  # (as train.py, before torch)
 import torch.distributed as dist
-from hetgpt import group
-group.start_group('gloo', 'cpu', 0, 1, 0)
+from hetgpt.run import process_group
+process_group.start('gloo', 'cpu', 0, 1, 0)
 errors.teardown = sys.argv[1] == 'teardown'  # (the interpreter's teardown: as before)
 held = dist.group.WORLD  # (a DDP or FSDP model holds the group so)
-group.gather('one object')
+process_group.gather('one object')
 errors.die('a mistake found after a collective')
 '''
 

@@ -4,7 +4,7 @@ allocator, against the 64 KiB mmap threshold that a rank near its memory sets
 (hardware.return_freed_host_memory), in one run: each case in a fresh process per setting
 (tests/peak_step.py: float32, fused AdamW, one thread, 4 × 256 wide, 256 tokens, vocabulary 8192),
 4 real steps, the peak RSS above the process before the model after each step.
-hetgpt.memory.GLIBC_SLACK must hold the largest ratio seen (exit 1 if not).
+hetgpt.planner.memory.GLIBC_SLACK must hold the largest ratio seen (exit 1 if not).
 
   python bench/glibc_slack.py
 """
@@ -15,7 +15,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from hetgpt.memory import GLIBC_SLACK  # noqa: E402
+from hetgpt.planner.memory import GLIBC_SLACK  # noqa: E402
 
 CASES = [('ddp', 2), ('ddp', 8), ('ddp+ac', 8), ('ddp+ac', 16)]
 env = {k: v for k, v in os.environ.items() if not k.startswith('MALLOC_')}

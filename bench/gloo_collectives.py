@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from hetgpt.group import gloo_interface  # noqa: E402
+from hetgpt.run.process_group import gloo_interface  # noqa: E402
 
 gloo_interface(os.environ.get('MASTER_ADDR'))
 dist.init_process_group('gloo')

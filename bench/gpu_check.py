@@ -55,11 +55,11 @@ from dataclasses import fields
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, 'bench')]
-from hetgpt import costs  # noqa: E402
+from hetgpt.planner import costs  # noqa: E402
 from hetgpt import gpus, hardware  # noqa: E402
-from hetgpt import memory  # noqa: E402
-from hetgpt import planner  # noqa: E402  (no CUDA is touched here: the runs own the GPU)
-from configurator import configure  # noqa: E402
+from hetgpt.planner import memory  # noqa: E402
+from hetgpt.planner import search  # noqa: E402  (no CUDA is touched here: the runs own the GPU)
+from hetgpt.knobs import configure  # noqa: E402
 from hetgpt.errors import die  # noqa: E402
 import plan  # noqa: E402
 from model import GPTConfig, config_from  # noqa: E402
@@ -136,7 +136,7 @@ def offload_shape(gpu, host):
             best = cfg
     if best is None:
         return None, None
-    return best, planner.make_plan(best, 4, [rank], plan='fsdp+ac').fits
+    return best, search.make_plan(best, 4, [rank], plan='fsdp+ac').fits
 
 
 def plan_ahead(gpu, host_gib, dry):

@@ -36,7 +36,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, 'tests'))
 from trainer import make_dataset  # noqa: E402
-from hetgpt.metrics import read_rows  # noqa: E402
+from hetgpt.run.metrics import read_rows  # noqa: E402
 
 p = argparse.ArgumentParser(description=__doc__.split('\n')[1], formatter_class=argparse.RawDescriptionHelpFormatter)
 p.add_argument('--steps', type=int, default=60, help='optimizer steps per run')

@@ -25,9 +25,10 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from hetgpt import costs, hardware  # noqa: E402
+from hetgpt.planner import costs  # noqa: E402
+from hetgpt import hardware
 import model  # noqa: E402
-from configurator import configure  # noqa: E402
+from hetgpt.knobs import configure  # noqa: E402
 
 cfg = configure(dict(n_layer=4, n_head=4, n_embd=128, block_size=256, vocab_size=50304, dropout=0.0,
                      bias=True, init_std=0.02, batch_size=8, dtype='float32', compile=False, steps=10,
@@ -63,7 +64,7 @@ net = model.GPT(model.config_from(cfg))
 if cfg['compile']:
     for block in net.transformer.h:
         block.compile()
-    model.LMHeadLoss.kernel = torch.compile(model.chunk_loss)
+    net.loss_kernel = torch.compile(net.loss_kernel)
 optimizers = model.make_optimizer(net, costs.train_knobs())
 autocast = torch.autocast('cpu', dtype=torch.bfloat16, cache_enabled=False, enabled=cfg['dtype'] == 'bfloat16')
 idx = torch.randint(0, cfg['vocab_size'], (cfg['batch_size'], cfg['block_size']))

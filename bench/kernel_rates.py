@@ -1,5 +1,5 @@
 """
-The planner's clock (hetgpt/clock.py) against this GPU: every matmul shape and attention kernel
+The planner's clock (hetgpt/planner/timing.py) against this GPU: every matmul shape and attention kernel
 of one micro-batch of the model, as the planner records them (costs.work), timed on the device,
 beside the seconds the clock gives each at its published rate; and a streaming copy, the rate the
 clock gives every other kernel's bytes. One JSON line at the end: per kind, predicted and measured
@@ -29,8 +29,9 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from configurator import configure  # noqa: E402
-from hetgpt import clock, costs, gpus, planner  # noqa: E402
+from hetgpt.knobs import configure  # noqa: E402
+from hetgpt.planner import timing, costs, search  # noqa: E402
+from hetgpt import gpus
 from hetgpt.errors import die  # noqa: E402
 from model import GPTConfig, config_from  # noqa: E402
 
@@ -90,7 +91,7 @@ def attention_fns(batch, heads, q, kv, head_dim, causal, dtype, device):
 
 def plan_of(cfg, gpu, micro):
     # the planner's strategy, micro-batch and checkpointing for one of this GPU
-    p = planner.make_plan(cfg, max(micro, 1) * 8 if micro else 64,
+    p = search.make_plan(cfg, max(micro, 1) * 8 if micro else 64,
                           [dict(device='cuda', gpu=gpu)], micro_batch_size=micro)
     return p.strategy, p.caps[0] or 1, p.ac[0], p.dtypes[0], p.fits
 
@@ -100,9 +101,9 @@ def walk(cfg, gpu, device, micro, strategy, ac, dtype, budget):
     # until the budget is spent; the rest counted at their predicted seconds
     run, t_end = timer(device), time.time() + budget
     w = costs.work(cfg, micro, strategy, dtype, ac)
-    todo = [('matmuls', key, count, clock.matmul_seconds(gpu, dtype, *key[:4]))
+    todo = [('matmuls', key, count, timing.matmul_seconds(gpu, dtype, *key[:4]))
             for key, count in w['matmuls'].items()]
-    todo += [('attention', key, count, clock.attention_seconds(gpu, dtype, *key[:7]))
+    todo += [('attention', key, count, timing.attention_seconds(gpu, dtype, *key[:7]))
              for key, count in w['attention'].items()]
     todo.sort(key=lambda t: -t[2] * t[3])
     kinds = {k: dict(predicted=0.0, measured=0.0, timed=0, untimed=0) for k in
@@ -138,7 +139,7 @@ def walk(cfg, gpu, device, micro, strategy, ac, dtype, budget):
     dst = torch.empty_like(src)
     copy = seconds_each(lambda: dst.copy_(src), run)
     rate = 2 * src.numel() * 4 / copy
-    kinds['memory'].update(predicted=clock.memory_seconds(gpu, w['bytes']),
+    kinds['memory'].update(predicted=timing.memory_seconds(gpu, w['bytes']),
                            measured=w['bytes'] / rate, timed=1, bytes=w['bytes'],
                            copy_gbs=rate / 1e9)
     for k in kinds.values():

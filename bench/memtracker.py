@@ -20,7 +20,7 @@ drops the views) are stood in for by one flat fp32 buffer that the gradients are
 Predicted: memory.estimate(..., overhead=0): without the CUDA context, cuBLAS workspace and NCCL
 buffers, which no tensor tracker sees; it does include the planner's 5% allocator slack
 (ALLOC_SLACK), which a tracker of live tensors has no counterpart for either ('-slack' column).
-Micro-batch 'plan': planner.make_plan's largest micro-batch for that strategy on 8×A100-80GB.
+Micro-batch 'plan': search.make_plan's largest micro-batch for that strategy on 8×A100-80GB.
 Not part of `make test`.
 
 What fake tensors on a CPU-only torch cannot show (printed under the table as well): the fake
@@ -43,10 +43,12 @@ import torch.distributed as dist
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import model as network  # noqa: E402
-from hetgpt import costs, hardware  # noqa: E402
-from hetgpt import ladder, memory, planner  # noqa: E402
+from hetgpt.planner import costs  # noqa: E402
+from hetgpt import hardware
+from hetgpt import knobs  # noqa: E402
+from hetgpt.planner import memory, search
 import plan  # noqa: E402
-from configurator import configure, defaults_of  # noqa: E402
+from hetgpt.knobs import configure, defaults_of  # noqa: E402
 from model import GPT, config_from  # noqa: E402
 
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
@@ -63,9 +65,9 @@ GiB = 2**30
 WORLD = 8
 GPUS = f'{WORLD}xA100-80GB'
 # Fake CUDA tensors cannot run backward without a GPU (the autograd engine asks the driver for a
-# device), so the fake tensors live on the CPU. The loss then chunks its logits as on a GPU.
+# device), so the fake tensors live on the CPU. The loss then chunks its logits as on a GPU
+# (fake_model: the model's loss_chunks).
 DEVICE = 'cpu'
-network.LOSS_CHUNK[DEVICE] = network.LOSS_CHUNK['cuda']
 # DTensor works out an op's output shape by running it on global-shape tensors in the active fake
 # mode (else in a new one). A tracker entered in our fake mode counts them (torch 2.11's counts
 # those of any mode): the optimizer step on DTensor shards would seem to hold a full unsharded copy
@@ -89,7 +91,7 @@ COLUMNS = dict(params=('Sharded Param', 'Parameter'), grads=('Sharded Grad', 'Gr
 
 def load(path):
     # as plan.py's main: the config file over train.py's defaults
-    defaults = {k: v for k, v in defaults_of(plan.TRAIN).items() if k in plan.KNOBS}
+    defaults = {k: v for k, v in defaults_of(knobs.TRAIN_PY).items() if k in plan.KNOBS}
     config = configure(defaults, [path], strict_files=False)
     return config_from(config), config['batch_size']
 
@@ -99,6 +101,7 @@ def fake_model(cfg):
     # tied parameters stay tied. (Module.to_empty cannot swap meta parameters for fake ones.)
     with torch.device('meta'):
         model = GPT(cfg)
+    model.loss_chunks = network.LOSS_CHUNK['cuda']
     made = {}
     for m in model.modules():
         for name, p in m._parameters.items():
@@ -113,7 +116,7 @@ def fake_model(cfg):
 def track(cfg, strategy, micro_batch, accum, mesh):
     # A training step on fake tensors under the tracker: its peak and the breakdown there, and
     # the phase in which the peak was reached.
-    f = ladder.flags(strategy)
+    f = knobs.flags(strategy)
     with FakeTensorMode():
         model = fake_model(cfg)
         if f['ac']:  # as train.py: non-reentrant checkpointing of each block
@@ -213,7 +216,7 @@ def main():
         cfg, batch = load(path if os.path.exists(path) else os.path.join(ROOT, path))
         name = os.path.basename(path).removesuffix('.py')
         for strategy in args.strategies.split(','):
-            cap = planner.make_plan(cfg, batch, ranks, plan=strategy).caps[0]
+            cap = search.make_plan(cfg, batch, ranks, plan=strategy).caps[0]
             sizes = []
             for m in args.micro_batches.split(','):
                 b = (cap or None) if m == 'plan' else int(m)

@@ -7,7 +7,7 @@ check of data/prepare.py: one 'text' column of web-page-sized English documents.
 The shape is OpenWebText's as published (Gokaslan & Cohen, 2019: 40 GB of text in 8,013,769
 documents, those under 128 tokens dropped): document lengths drawn from a log-normal with a mean
 of 5,000 characters, none under 600 (about 128 GPT-2 tokens). The words are the pydocs corpus's
-(hetgpt/pydocs.py: Python's documentation, English prose and code), paragraphs drawn at random,
+(hetgpt/data/pydocs.py: Python's documentation, English prose and code), paragraphs drawn at random,
 about 0.3 GPT-2 tokens a character (OpenWebText: 9.0B tokens in 40 GB, 0.23). Row groups of 1,000
 rows (datasets' writer batch), snappy compression (pyarrow's default). Same arguments, same file.
 """
@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from hetgpt import pydocs  # noqa: E402
+from hetgpt.data import pydocs  # noqa: E402
 
 MEAN_CHARS, MIN_CHARS, SIGMA = 5000, 600, 0.9
 ROWS_PER_GROUP = 1000

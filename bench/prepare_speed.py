@@ -25,7 +25,7 @@ BEFORE = "f1497e5"  # the last data/prepare.py before datasets
 PLAIN = """
 import sys, numpy as np
 from datasets import load_dataset
-from hetgpt.tokenizer import EOT, gpt2_encoding
+from hetgpt.data.tokenizer import EOT, gpt2_encoding
 path, out, num_proc = sys.argv[1], sys.argv[2], int(sys.argv[3])
 enc = gpt2_encoding()
 def process(example):

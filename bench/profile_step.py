@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from configurator import configure  # noqa: E402
+from hetgpt.knobs import configure  # noqa: E402
 from model import GPT, config_from  # noqa: E402
 
 cfg = configure(dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304, dropout=0.0, bias=True,

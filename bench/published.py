@@ -1,7 +1,7 @@
 """
 The planner's predicted training throughput against published figures for the same model shape,
 GPUs, batch and strategy (no GPU needed: the planner's dry run), and each row's compute by kind of
-work (hetgpt/clock.py: matmuls, attention, the other kernels' bytes, each at a published
+work (hetgpt/planner/timing.py: matmuls, attention, the other kernels' bytes, each at a published
 micro-benchmark's rate). tests/test_plan.py holds: the H100/A100 ratio at MPT 1B within 15% of
 the published 2.22; every PyTorch run at or below the kernels' rates (predicted 1.0-1.8x
 published); llm.c's fused kernels and ZeRO-Offload's single V100 within 25%; for the MPT runs the change in tokens/s per GPU from
@@ -18,7 +18,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from hetgpt import clock, planner  # noqa: E402
+from hetgpt.planner import timing, search  # noqa: E402
 from model import GPTConfig  # noqa: E402
 
 LLAMA3_8B = GPTConfig(n_layer=35, n_embd=4096, n_head=32, vocab_size=128256, block_size=8192, bias=False)
@@ -97,13 +97,13 @@ def mpt(size):
 def plan_mpt(size, gpu, n, micro, count, ac):
     # one of MPT_RUNS planned as it ran: 8 GPUs per node, its strategy and micro-batch forced
     ranks = [dict(device='cuda', gpu=gpu, node=i // 8) for i in range(n)]
-    return planner.make_plan(mpt(size), micro * count * n, ranks, plan='fsdp+ac' if ac else 'fsdp',
+    return search.make_plan(mpt(size), micro * count * n, ranks, plan='fsdp+ac' if ac else 'fsdp',
                              micro_batch_size=micro)
 
 
 def kinds(cfg, gpu, shard, ac, micro):
     # a rank's compute at this micro-batch by kind of work, as shares of its kernels' seconds
-    k = clock._kernels(cfg, gpu, 'bfloat16', shard, ac, micro)
+    k = timing._kernels(cfg, gpu, 'bfloat16', shard, ac, micro)
     return ', '.join(f"{name} {t / sum(k.values()):.0%}" for name, t in k.items())
 
 
@@ -111,8 +111,8 @@ def compare():
     rows = []
     for what, source, cfg, (gpu, n), batch, strategy, micro, published in PUBLISHED:
         ranks = [dict(device='cuda', gpu=gpu, node=0) for _ in range(n)]
-        p = planner.make_plan(cfg, batch, ranks, plan=strategy, micro_batch_size=micro)
-        auto = planner.make_plan(cfg, batch, ranks)
+        p = search.make_plan(cfg, batch, ranks, plan=strategy, micro_batch_size=micro)
+        auto = search.make_plan(cfg, batch, ranks)
         rows.append(dict(what=what, source=source, gpus=f"{n}×{gpu}", strategy=strategy, published=published,
                          predicted=p.tokens_per_sec, ratio=p.tokens_per_sec / published,
                          auto=f"{auto.strategy} {auto.tokens_per_sec:,.0f}",

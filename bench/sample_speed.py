@@ -14,7 +14,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from configurator import configure, is_knob
+from hetgpt.knobs import configure, is_knob
 from model import GPT, GPTConfig
 from sample import generate
 

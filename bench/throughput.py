@@ -27,7 +27,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from hetgpt.metrics import read_rows  # noqa: E402
+from hetgpt.run.metrics import read_rows  # noqa: E402
 
 
 def measure(train_args, steps=10, warmup=3, nproc=1, timeout=None, log_path=None, work=None,

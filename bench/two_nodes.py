@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.join(ROOT, 'tests'))
 sys.path.insert(0, ROOT)
 from nodes import Netns, agents, ok  # noqa: E402
 from trainer import run_train  # noqa: E402
-from hetgpt.metrics import read_rows  # noqa: E402
+from hetgpt.run.metrics import read_rows  # noqa: E402
 
 # gpt_tiny as these runs measured it (bench/RESULTS.md), before make demo's settings
 BASE = ['configs/gpt_tiny.py', '--device=cpu', '--compile=False', '--checkpoint_interval=0',
@@ -105,7 +105,7 @@ def main():
             print(f"{name}: {re.search(r'gloo .*', out)[0]}", flush=True)
         # 1. speed, alternating
         measured, gflops_seen, loads = {}, [], []
-        from hetgpt.costs import flops_per_sequence
+        from hetgpt.planner.costs import flops_per_sequence
         from model import GPTConfig
         cfg = GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=256, bias=True)
         H = Hs[0]

@@ -27,8 +27,8 @@ ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:  # run as data/prepare.py, sys.path has data/, not the repository
     sys.path.insert(0, ROOT)
 from hetgpt.errors import die, oneline  # noqa: E402
-from hetgpt.inputs import OWT_REPO, input_files, openwebtext_files  # noqa: E402
-from hetgpt.tokenizer import EOT, gpt2_encoding  # noqa: E402  (the GPT-2 BPE, offline)
+from hetgpt.data.inputs import OWT_REPO, input_files, openwebtext_files  # noqa: E402
+from hetgpt.data.tokenizer import EOT, gpt2_encoding  # noqa: E402  (the GPT-2 BPE, offline)
 
 BUILDERS = {".txt": "text", ".jsonl": "json", ".parquet": "parquet"}  # datasets' builders
 
@@ -205,7 +205,7 @@ def main(argv=None):
 
     try:  # into .tmp files, renamed only when all are complete: no half-written or mixed sets
         if args.dataset == "pydocs":
-            from hetgpt import pydocs
+            from hetgpt.data import pydocs
             print("collecting the Python documentation...")
             docs = datasets.Dataset.from_dict({"text": pydocs.documents()})
             parts = lambda: [("pydocs", docs, "text")]  # noqa: E731

@@ -55,7 +55,7 @@ def last_at_exit():
 
 
 def skip_teardown():
-    # Once a gloo group runs (hetgpt/group.py): a process that ends by end() (die included) or by
+    # Once a gloo group runs (hetgpt/run/process_group.py): a process that ends by end() (die included) or by
     # an uncaught exception (status 1) ends by os._exit after every other at-exit handler,
     # skipping the interpreter's teardown. In that teardown a gloo worker thread still dropping
     # the last collective's tensors takes the GIL, which a finalizing interpreter refuses, and the

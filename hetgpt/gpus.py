@@ -3,6 +3,7 @@ The GPU table: each NVIDIA part's memory, dense TFLOPS by dtype, and memory, hos
 and network bandwidths, with their sources; the name torch reports mapped to a row, and a part's
 peak FLOP/s in a dtype. Data only (no torch): plan.py reads it before torch loads.
 """
+from hetgpt.knobs import dtype_name
 
 
 # GPUs. mem: total MiB as CUDA gives them (torch.cuda.mem_get_info's total, what a running rank
@@ -101,7 +102,7 @@ def peak_flops(device, dtype='bfloat16', tf32=True):
     key = gpu_key(device)
     if key is None:
         return None
-    g, dtype = GPUS[key], str(dtype).replace('torch.', '')
+    g, dtype = GPUS[key], dtype_name(dtype)
     col = {'bfloat16': 'bf16', 'bf16': 'bf16', 'float16': 'fp16', 'fp16': 'fp16', 'tf32': 'tf32',
            'float32': 'tf32' if tf32 else 'fp32', 'fp32': 'fp32'}[dtype]
     return (g[col] or g['fp32']) * 1e12

@@ -1,7 +1,7 @@
 """
 Measured GEMM rates of an H100 (sm_90), BF16 in and out, TFLOP/s: OpenXLA's default matmul
 performance table, xla/service/gpu/model/matmul_interpolator_data.h (read from tensorflow's
-third_party/xla copy at commit 372d578b), entries b × (m×k @ k×n). The clock (hetgpt/clock.py)
+third_party/xla copy at commit 372d578b), entries b × (m×k @ k×n). The clock (hetgpt/planner/timing.py)
 takes from it how far below a part's best each shape runs. Data only.
 """
 

@@ -11,7 +11,9 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from hetgpt import errors, optim, parallel, planner  # noqa: E402
+from hetgpt import errors  # noqa: E402
+from hetgpt.run import optim, parallel
+from hetgpt.planner import search
 from model import GPT, GPTConfig, make_optimizer  # noqa: E402
 
 strategy, dtypes, out = sys.argv[1:4]
@@ -22,7 +24,7 @@ rank, world = dist.get_rank(), dist.get_world_size()
 cfg = GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32, dropout=0.0,
                 bias=False)
 ranks = [dict(device='cpu', mem=2**30, overhead=0)] * world
-plan = planner.make_plan(cfg, 2 * world, ranks, plan=strategy, dtype=dtypes)
+plan = search.make_plan(cfg, 2 * world, ranks, plan=strategy, dtype=dtypes)
 with torch.device('meta'):
     raw = GPT(cfg)
 raw.materialise('cpu', 0)

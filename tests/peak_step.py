@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hetgpt import hardware  # noqa: E402
 import model  # noqa: E402
-from hetgpt import costs, memory  # noqa: E402
+from hetgpt.planner import costs, memory  # noqa: E402
 
 strategy, b, variant = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 extra = dict(a.split('=', 1) for a in sys.argv[4:])

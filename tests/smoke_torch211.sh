@@ -95,7 +95,7 @@ run prepare prepare.log "$PY" "$ROOT/data/prepare.py" --input corpus --name smok
     fail "prepare: no data/smoke/{train,val}.bin"
 check "prepare: every .txt, .jsonl and .parquet document, its tokens as tiktoken's" "
 import glob, json, numpy as np, pyarrow.parquet as pq
-from hetgpt.tokenizer import gpt2_encoding
+from hetgpt.data.tokenizer import gpt2_encoding
 texts = [open(p).read() for p in glob.glob('corpus/*.txt')]
 texts += [json.loads(l)['text'] for l in open('corpus/tests.jsonl')]
 texts += pq.read_table('corpus/more.parquet').column('text').to_pylist()
@@ -119,7 +119,7 @@ run "prepare --dataset openwebtext (a local copy of the hub's files)" owt.log "$
     --num_proc 1
 check "openwebtext: the stand-in's 40 documents in train and val, their tokens as tiktoken's" "
 import json, numpy as np
-from hetgpt.tokenizer import gpt2_encoding
+from hetgpt.data.tokenizer import gpt2_encoding
 meta = json.load(open('data/openwebtext/meta.json'))
 assert meta['train_docs'] + meta['val_docs'] == 40 and 0 < meta['val_docs'] < 40, meta
 enc = gpt2_encoding()
@@ -194,7 +194,7 @@ echo "ok: export read back by safetensors and transformers, logits match"
 if [[ -f $TMP/hf/tokenizer.json ]]; then  # the export has GPT-2's tokenizer (a 50257 vocab)
     check "export (d): transformers' tokenizer of the export gives tiktoken's ids" "
 from transformers import AutoTokenizer
-from hetgpt.tokenizer import gpt2_encoding
+from hetgpt.data.tokenizer import gpt2_encoding
 text = 'def main(argv):\\n    return {\\'caf\\u00e9\\': 1} <|endoftext|>'
 ids = AutoTokenizer.from_pretrained('$TMP/hf').encode(text)
 assert ids == gpt2_encoding().encode(text, allowed_special='all'), ids
@@ -210,10 +210,10 @@ rc=0
     grep -q '^error: cannot load gpt2 from the Hugging Face hub (offline' gpt2.log ||
     { tail -n 5 gpt2.log >&2; fail "init_from=gpt2 offline: exit $rc, not one 'error: ...' line"; }
 echo "ok: init_from=gpt2 offline is one line"
-# (f) wandb: an offline run through train.py's metrics (hetgpt.metrics.Metrics), one row logged
+# (f) wandb: an offline run through train.py's metrics (hetgpt.run.metrics.Metrics), one row logged
 WANDB_MODE=offline run "wandb offline run" wandb.log "$PY" -c "
 import os
-from hetgpt.metrics import Metrics
+from hetgpt.run.metrics import Metrics
 os.makedirs('wb')
 m = Metrics('wb', 0, {'iter': 0, 'plan': 'ddp'}, dict(project='smoke', name='smoke', config={}))
 assert m.wandb is not None, 'wandb.init failed (its reason is the line above)'

@@ -155,11 +155,11 @@ def test_rehearsal_of_the_big_path_on_cpu(work):
     # The path a 70B model takes, at the size this machine trains in two ranks within a test's
     # time: GPT-2 medium's shape (354M parameters, 24 × 1024, vocabulary 50304), fsdp+offload,
     # each rank making its own shard (init_device=meta), 2 steps at lr ~0. Its initial weights are
-    # the one-process function's (hetgpt.draw.normal_, keyed by seed and name) on sampled tensors,
+    # the one-process function's (hetgpt.init_weights.normal_, keyed by seed and name) on sampled tensors,
     # its probe step peaks as its steps do, and the steps' peak is the prediction's (the planner:
     # device and host bytes of a CPU rank together).
     import torch.distributed.checkpoint as dcp
-    from hetgpt.draw import normal_ as draw_normal_
+    from hetgpt.init_weights import normal_ as draw_normal_
     args = [a for a in FROZEN if not a.startswith(('--n_layer', '--n_embd', '--n_head', '--batch_size',
                                                    '--max_iters', '--block_size', '--micro_batch'))]
     p = run_train(work, *args, '--vocab_size=50304', '--n_layer=24', '--n_embd=1024', '--n_head=16',

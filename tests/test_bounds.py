@@ -1,7 +1,7 @@
 """
 Issue 23 (item 3): planning takes bounded time whatever the global batch, and every knob has an
 upper bound where a larger value can only be a slip. A hang shows here as a subprocess timeout.
-Issue 36 (item 4): and whatever the count of identical GPUs (hetgpt/cluster.py).
+Issue 36 (item 4): and whatever the count of identical GPUs (hetgpt/planner/cluster.py).
 """
 import heapq
 import json
@@ -16,12 +16,9 @@ import pytest
 
 import trainer
 from trainer import ROOT, TINY, run_train, train_defaults, train_rules
-from hetgpt import balance
-from hetgpt import clock
-from hetgpt import planner
-from hetgpt.cluster import expand
-import configurator
-from hetgpt import shape
+from hetgpt import knobs
+from hetgpt.planner import balance, search, timing
+from hetgpt.planner.cluster import expand
 import plan
 from test_plan import load
 
@@ -62,7 +59,8 @@ def test_train_refuses_a_billion_accumulation_steps_before_any_work(tmp_path):
 LARGEST = f"""
 import json, runpy, sys
 import plan
-from hetgpt import planner, shape
+from hetgpt.planner import search
+from hetgpt import knobs
 from model import config_from
 out = []
 for name, gpus, host in {[('gpt_tiny', '2xcpu', 16),
@@ -70,7 +68,7 @@ for name, gpus, host in {[('gpt_tiny', '2xcpu', 16),
                           ('gpt_175b', '1xH200', None)]}:
     d = runpy.run_path(f'configs/{{name}}.py')
     cfg = config_from({{k: v for k, v in d.items() if not k.startswith('_')}})
-    p = planner.make_plan(cfg, shape.MAX_BATCH, plan._cluster(gpus, None, host))
+    p = search.make_plan(cfg, knobs.MAX_BATCH, plan._cluster(gpus, None, host))
     per = lambda xs: [x for x, r in zip(xs, p.ranks) for _ in range(r['count'])]  # (rank by rank)
     out.append(dict(name=name, fits=p.fits, shard=p.shard, share=per(p.share), cap=per(p.caps),
                     total=sum(map(sum, per(p.sizes))), sums=list(map(sum, per(p.sizes))),
@@ -86,7 +84,7 @@ def test_the_largest_batch_allowed_plans_and_its_micro_batches_sum_to_it():
                        timeout=60, env=dict(os.environ, PYTHONPATH=ROOT))
     assert p.returncode == 0, p.stderr[-3000:]
     for r in json.loads(p.stdout.splitlines()[-1]):
-        assert r['fits'] and r['total'] == shape.MAX_BATCH == sum(r['share']), r['name']
+        assert r['fits'] and r['total'] == knobs.MAX_BATCH == sum(r['share']), r['name']
         assert r['sums'] == r['share'] and all(b <= c for b, c in zip(r['largest'], r['cap']))
         if r['shard']:
             assert len(set(r['counts'])) == 1, r  # lockstep: as many on every rank
@@ -113,7 +111,7 @@ def test_the_175b_dry_run_completes_at_its_batch_and_at_the_largest():
 # The knob tables
 def test_plan_and_train_check_the_shape_and_batch_from_one_table(capsys):
     rules = train_rules()
-    assert {k: rules[k] for k in shape.RULES} == shape.RULES
+    assert {k: rules[k] for k in knobs.SHAPE} == knobs.SHAPE
     for arg in ('--n_layer=100001', '--vocab_size=16777217', '--batch_size=16777217'):
         with pytest.raises(SystemExit) as e:
             plan.main(['configs/gpt_tiny.py', arg])
@@ -127,18 +125,18 @@ def test_upper_bounds_refuse_one_past_them_and_no_real_run(capsys):
     assert BOUNDED <= bounded, BOUNDED - bounded
     for key in sorted(bounded):
         high = int(float(rules[key].split(',')[1].strip(' ])')))
-        assert configurator.configure(defaults, [f'--{key}={high}'], rules=rules)[key] == high
+        assert knobs.configure(defaults, [f'--{key}={high}'], rules=rules)[key] == high
         with pytest.raises(SystemExit) as e:
-            configurator.configure(defaults, [f'--{key}={high + 1}'], rules=rules)
+            knobs.configure(defaults, [f'--{key}={high + 1}'], rules=rules)
         err = capsys.readouterr().err.strip().splitlines()
         assert e.value.code == 2 and len(err) == 1 and f'{key}={high + 1}' in err[0], err
     # real runs pass: 175B, a 1M-token batch of 1M-token sequences, a 1M vocabulary, 10M steps
     real = ['configs/gpt_175b.py', '--vocab_size=1048576', '--block_size=1048576',
             '--max_iters=10000000', '--lr_decay_iters=10000000', '--warmup_iters=100000',
             '--eval_interval=1000000', '--checkpoint_interval=1000000', '--stall_timeout=86400']
-    config = configurator.configure(defaults, real, rules=rules)
-    assert shape.batch_of(config['batch_size']) == (1472, 0)
-    assert shape.batch_of(16, 65536) == (2**20, 16)  # nanoGPT's: 1M sequences
+    config = knobs.configure(defaults, real, rules=rules)
+    assert knobs.batch_of(config['batch_size']) == (1472, 0)
+    assert knobs.batch_of(16, 65536) == (2**20, 16)  # nanoGPT's: 1M sequences
 
 
 # -----------------------------------------------------------------------------
@@ -197,7 +195,7 @@ def test_a_plan_of_identical_ranks_as_one_entry_is_the_plan_rank_by_rank():
         entries = plan._cluster(gpus, nodes, host)
         ranks = expand(entries)
         assert len(entries) < len(ranks), gpus  # (grouped)
-        grouped, reference = (planner.make_plan(cfg, batch, x, plan=strategy)
+        grouped, reference = (search.make_plan(cfg, batch, x, plan=strategy)
                               for x in (entries, ranks))
         decided = lambda p: (p.fits, p.strategy, p.step_time, p.tokens_per_sec, p.mfu,
                              p.init_device, p.candidates, p.dtype, p.dtype_steps, p.needs)
@@ -217,20 +215,20 @@ def test_planning_does_not_grow_with_the_count_of_identical_ranks(monkeypatch):
     # (a list of one item per rank would be 100 MB; the 3 ranks' micro-batch lists are longer)
     cfg, _ = load('gpt_1p3b')
     calls = Counter()
-    for module, name in ((planner, 'estimate'), (clock, 'compute')):
+    for module, name in ((search, 'estimate'), (timing, 'compute')):
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, real=real, name=name, **k:
                             calls.update([name]) or real(*a, **k))
     seen = []
     for times in (1, 2**22):
         ranks = plan._cluster(f'{times}xH100-SXM,{2 * times}xA100-80GB', None, None)
-        planner.make_plan(cfg, shape.MAX_BATCH, ranks, plan='ddp')  # (the model measured once)
+        search.make_plan(cfg, knobs.MAX_BATCH, ranks, plan='ddp')  # (the model measured once)
         calls.clear()
         tracemalloc.start()
-        p = planner.make_plan(cfg, shape.MAX_BATCH, ranks, plan='ddp')
+        p = search.make_plan(cfg, knobs.MAX_BATCH, ranks, plan='ddp')
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
-        assert p.fits and sum(x * r['count'] for x, r in zip(p.share, p.ranks)) == shape.MAX_BATCH
+        assert p.fits and sum(x * r['count'] for x, r in zip(p.share, p.ranks)) == knobs.MAX_BATCH
         seen.append((dict(calls), len(p.table().splitlines()), peak))
     (calls_1, lines_1, peak_1), (calls_n, lines_n, peak_n) = seen
     assert calls_1 == calls_n and calls_1['estimate'] > 0 and calls_1['compute'] > 0

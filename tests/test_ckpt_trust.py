@@ -97,7 +97,7 @@ sys.path.insert(0, {ROOT!r})
 import torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict
 from model import GPT, config_from, make_optimizer
-from hetgpt.costs import train_knobs
+from hetgpt.planner.costs import train_knobs
 warnings.simplefilter('ignore')
 dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)
 read = {{}}

@@ -1,12 +1,12 @@
 """
-The planner's GPU clock (hetgpt/clock.py), kind of work by kind of work: each expected value is
+The planner's GPU clock (hetgpt/planner/timing.py), kind of work by kind of work: each expected value is
 computed here from the figure the clock cites (a table entry, a micro-benchmark, a datasheet),
 and the work it times (hetgpt/costs.work) against the model's own arithmetic.
 """
 import pytest
 
-from hetgpt import clock, costs
-from hetgpt.costs import counts
+from hetgpt.planner import timing, costs
+from hetgpt.planner.costs import counts
 from model import GPTConfig
 
 # OpenXLA's sm_90 GEMM table (xla/service/gpu/model/matmul_interpolator_data.h), BF16 TFLOP/s,
@@ -23,23 +23,23 @@ def test_a_matmul_at_a_table_shape_runs_at_its_share_of_the_parts_best():
         for k, rate in ((4096, CUBE), (512, INNER_512)):
             flops = 2 * 4096 * 4096 * k
             expected = flops / (best * 1e12 * rate / BEST)
-            assert clock.matmul_seconds(gpu, 'bfloat16', 1, 4096, 4096, k) == \
+            assert timing.matmul_seconds(gpu, 'bfloat16', 1, 4096, 4096, k) == \
                 pytest.approx(expected, rel=1e-9), (gpu, k)
 
 
 def test_a_small_inner_dimension_is_slower_per_flop():
     # the table's 4096×512×512 (238.8 TFLOP/s) against 4096³: 3.3x the seconds per FLOP
-    per_flop = lambda k, n: clock.matmul_seconds('H100-SXM', 'bfloat16', 1, 4096, n, k) / (
+    per_flop = lambda k, n: timing.matmul_seconds('H100-SXM', 'bfloat16', 1, 4096, n, k) / (
         2 * 4096 * n * k)
     assert per_flop(512, 512) / per_flop(4096, 4096) == pytest.approx(CUBE / 238.8, rel=1e-9)
 
 
 def test_a_part_without_a_mamf_row_runs_at_the_stated_fraction_of_its_datasheet():
     # V100: fp16 tensor cores, 125 TFLOP/s dense; the fallback is 80% of it at the best shape
-    s = clock.matmul_seconds('V100-32GB', 'float16', 1, 4096, 4096, 4096)
+    s = timing.matmul_seconds('V100-32GB', 'float16', 1, 4096, 4096, 4096)
     expected = 2 * 4096**3 / (0.8 * V100_FP16_PEAK * 1e12 * CUBE / BEST)
     assert s == pytest.approx(expected, rel=1e-9)
-    assert 'no MAMF row' in clock.said([dict(device='cuda', gpu='V100-32GB')])
+    assert 'no MAMF row' in timing.said([dict(device='cuda', gpu='V100-32GB')])
 
 
 def test_attention_at_flashattentions_measured_fraction_causal_halved():
@@ -47,17 +47,17 @@ def test_attention_at_flashattentions_measured_fraction_causal_halved():
     # 4·seq²·head_dim per head, half under a causal mask, the backward 2.5 times the forward
     b, heads, seq, d = 2, 16, 2048, 128
     forward = 4 * b * heads * seq * seq * d / 2
-    assert clock.attention_seconds('A100-80GB', 'bfloat16', b, heads, seq, seq, d, True, False) == \
+    assert timing.attention_seconds('A100-80GB', 'bfloat16', b, heads, seq, seq, d, True, False) == \
         pytest.approx(forward / (0.73 * A100_PEAK * 1e12), rel=1e-9)
-    assert clock.attention_seconds('A100-80GB', 'bfloat16', b, heads, seq, seq, d, True, True) == \
+    assert timing.attention_seconds('A100-80GB', 'bfloat16', b, heads, seq, seq, d, True, True) == \
         pytest.approx(2.5 * forward / (0.63 * A100_PEAK * 1e12), rel=1e-9)
-    full = clock.attention_seconds('A100-80GB', 'bfloat16', b, heads, seq, seq, d, False, False)
+    full = timing.attention_seconds('A100-80GB', 'bfloat16', b, heads, seq, seq, d, False, False)
     assert full == pytest.approx(2 * forward / (0.73 * A100_PEAK * 1e12), rel=1e-9)
 
 
 def test_other_kernels_move_bytes_at_babelstreams_fraction_of_hbm():
     # cub's BabelStream triad: 87% of DRAM peak (NVIDIA/cccl#9881); H100-SXM's HBM3 3,350 GB/s
-    assert clock.memory_seconds('H100-SXM', 1e9) == pytest.approx(1e9 / (0.87 * H100_HBM * 1e9))
+    assert timing.memory_seconds('H100-SXM', 1e9) == pytest.approx(1e9 / (0.87 * H100_HBM * 1e9))
 
 
 CFG = GPTConfig(n_layer=2, n_head=4, n_embd=128, block_size=256, vocab_size=512, bias=True)
@@ -97,12 +97,12 @@ WIDE = GPTConfig(n_layer=1, n_head=32, n_embd=4096, block_size=4096, vocab_size=
 
 @pytest.mark.parametrize('cfg', [CFG, WIDE], ids=['small', 'mlp-width-is-tokens'])
 def test_a_large_micro_batch_is_timed_as_if_it_ran(cfg):
-    # The clock records at most about clock.ROWS tokens and grows the shapes: a micro-batch
+    # The clock records at most about timing.ROWS tokens and grows the shapes: a micro-batch
     # beyond them times as the same micro-batch recorded whole
-    micro = 2 * clock.ROWS // cfg.block_size
-    scaled = clock._kernels(cfg, 'H100-SXM', 'bfloat16', True, False, micro)
+    micro = 2 * timing.ROWS // cfg.block_size
+    scaled = timing._kernels(cfg, 'H100-SXM', 'bfloat16', True, False, micro)
     w = costs.work(cfg, micro, 'fsdp', 'bfloat16')
-    whole = sum(c * clock.matmul_seconds('H100-SXM', 'bfloat16', *key[:4])
+    whole = sum(c * timing.matmul_seconds('H100-SXM', 'bfloat16', *key[:4])
                 for key, c in w['matmuls'].items())
     assert scaled['matmuls'] == pytest.approx(whole, rel=1e-9)
-    assert scaled['memory'] == pytest.approx(clock.memory_seconds('H100-SXM', w['bytes']), rel=1e-6)
+    assert scaled['memory'] == pytest.approx(timing.memory_seconds('H100-SXM', w['bytes']), rel=1e-6)

@@ -122,7 +122,7 @@ def test_the_loss_scale_s_search_does_not_stop_a_float16_run(tmp_path):
     # max_bad_steps in a row stop a run; under float16's loss scale (2^16 at the start, halved at
     # each overflow) the 16 halvings down to 1 come first
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-    from hetgpt import optim
+    from hetgpt.run import optim
     for enabled, allowed in ((False, 3), (True, 3 + 16)):
         steps = optim.BadSteps('cpu', 3, str(tmp_path), ShardedGradScaler('cpu', enabled=enabled))
         said = []

@@ -16,7 +16,7 @@ import pytest
 
 from trainer import (ROOT, TINY, latest_checkpoint, make_dataset, one_error_line, run_here, run_train,
                      snapshot, train_command, train_defaults, train_rules)
-import configurator
+from hetgpt import knobs
 
 RUN = TINY + ['--batch_size=4', '--eval_interval=100']
 TEN = RUN + ['--max_iters=10', '--checkpoint_interval=1', '--keep_last=2']  # ckpt 9 and 10 kept
@@ -114,12 +114,12 @@ def test_the_checkpoint_just_written_is_never_pruned(work, tmp_path):
     code = f"""
 import sys; sys.path.insert(0, {ROOT!r})
 import torch, torch.distributed as dist
-from hetgpt import ckpt
+from hetgpt.run import checkpoint
 from model import GPT, GPTConfig
 dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)
 model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=64))
 opt = torch.optim.AdamW(model.parameters())
-ckpt.save({str(out)!r}, 4, model, opt, {{}}, keep_last=2)
+checkpoint.save({str(out)!r}, 4, model, opt, {{}}, keep_last=2)
 dist.destroy_process_group()
 """
     subprocess.run([sys.executable, '-c', code], env=env(), check=True, capture_output=True)
@@ -257,7 +257,7 @@ def test_every_knob_has_a_rule_and_each_wrong_value_is_one_line(capsys):
                 argv = [path]
             try:
                 with pytest.raises(SystemExit) as e:
-                    configurator.configure(defaults, argv, rules=rules)
+                    knobs.configure(defaults, argv, rules=rules)
             finally:
                 if argv[0].endswith('.py'):
                     os.remove(argv[0])
@@ -266,7 +266,7 @@ def test_every_knob_has_a_rule_and_each_wrong_value_is_one_line(capsys):
             walked += 1
     assert walked >= 2 * len(defaults)
     # and the defaults themselves pass
-    assert configurator.configure(defaults, [], rules=rules) == defaults
+    assert knobs.configure(defaults, [], rules=rules) == defaults
 
 
 @pytest.mark.parametrize('arg', ['--beta2=1.0', '--seed=-1', '--max_bad_steps=0', '--init_std=0',

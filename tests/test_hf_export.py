@@ -102,7 +102,7 @@ def test_export_is_read_by_transformers_as_sample_py_runs_it(which, n, request):
     if '<|endoftext|>' in ours:
         ours = ours[:ours.index('<|endoftext|>') + len('<|endoftext|>')]
     assert ours.startswith(PROMPT) and len(ours) > len(PROMPT) + 20, ours
-    from hetgpt.tokenizer import gpt2_encoding
+    from hetgpt.data.tokenizer import gpt2_encoding
     enc = gpt2_encoding()
     if which == 'untrained':
         assert len(set(enc.encode(ours[len(PROMPT):]))) > 50, ours  # not one token over and over
@@ -144,15 +144,15 @@ def test_lm_eval_s_loglikelihood_of_the_export_is_our_model_s(trained):
     # the same numbers as our model's own forward (lm_eval itself and its tasks' data need
     # network; this is the part that runs offline)
     import torch
-    from hetgpt import ckpt
-    from hetgpt.tokenizer import gpt2_encoding
+    from hetgpt.run import checkpoint
+    from hetgpt.data.tokenizer import gpt2_encoding
     hf_dir = trained / 'hf_eval'
     sample(trained, f'--export_hf={hf_dir}')
     pairs = [('The return statement', ' leaves the function'), ('for x in', ' range(10):'),
              ('Python', ' is a programming language.')]
     child = run(ROOT, '-c', LOGLIKELIHOOD_CHILD, str(hf_dir), json.dumps(pairs))
     theirs = json.loads(child.stdout)
-    model = ckpt.load_model(ckpt.latest(str(trained / 'out'))).eval()
+    model = checkpoint.load_model(checkpoint.latest(str(trained / 'out'))).eval()
     enc = gpt2_encoding()
     for (context, continuation), (hf_sum, hf_greedy) in zip(pairs, theirs):
         ctx, cont = enc.encode(context), enc.encode(continuation)

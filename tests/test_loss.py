@@ -1,7 +1,7 @@
 """
 The chunked loss (model.LMHeadLoss) takes its per-chunk formula from one plain function
-(model.chunk_loss, called as LMHeadLoss.kernel) and that formula's gradient from autograd, so
-another loss is that function edited. Here a z-loss and label smoothing are swapped in, and checked
+(model.chunk_loss, passed to LMHeadLoss as its kernel) and that formula's gradient from autograd,
+so another loss is that function edited. Here a z-loss and label smoothing are swapped in, and checked
 against their textbook versions on the whole micro-batch's logits: loss, gradients of x and weight.
 """
 import pytest
@@ -65,14 +65,13 @@ def losses_and_grads(fn, x0, w0, targets, autocast):
 @pytest.mark.parametrize('chunk,textbook', [(z_loss_chunk, z_loss_textbook),
                                             (smoothed_chunk, smoothed_textbook)],
                          ids=['z-loss', 'label-smoothing'])
-def test_swapped_chunk_loss_matches_textbook(monkeypatch, rows, group, autocast, chunk, textbook):
-    monkeypatch.setitem(model.LOSS_CHUNK, 'cpu', (rows, group))
-    monkeypatch.setattr(model.LMHeadLoss, 'kernel', chunk)
+def test_swapped_chunk_loss_matches_textbook(rows, group, autocast, chunk, textbook):
     torch.manual_seed(0)
     x0, w0 = torch.randn(3, 50, 16), torch.randn(97, 16)
     targets = torch.randint(0, 97, (3, 50))
     targets[1, ::3] = -1  # ignored positions add neither loss nor gradient
-    chunked = lambda x, w, t: model.LMHeadLoss.apply(x, w, t, True)  # noqa: E731
+    chunked = lambda x, w, t: model.LMHeadLoss.apply(  # noqa: E731
+        x, w, t, True, chunk, (rows, group))
     loss, gx, gw = losses_and_grads(chunked, x0, w0, targets, autocast)
     ref_loss, ref_gx, ref_gw = losses_and_grads(textbook, x0, w0, targets, autocast)
     assert gx.dtype == gw.dtype == torch.float32
@@ -98,5 +97,5 @@ def test_loss_without_gradients_is_the_same_sum():
     targets = torch.randint(0, 97, (2, 40))
     targets[0, :7] = -1
     with torch.no_grad():
-        loss = model.LMHeadLoss.apply(x, w, targets, False)
+        loss = model.LMHeadLoss.apply(x, w, targets, False, model.chunk_loss, (64, 1024))
     torch.testing.assert_close(loss, plain_textbook(x, w, targets), rtol=1e-6, atol=1e-4)

@@ -37,7 +37,7 @@ def budget_for(work, sequences):
     # this machine: a run where both ranks have room says what it predicts for 4 (its CPU
     # process as measured at start-up included); the planner's own difference per sequence,
     # which the process does not change, gives the rest.
-    from hetgpt import memory  # noqa: E402
+    from hetgpt.planner import memory  # noqa: E402
     from model import GPTConfig
     run_train(work, *WIDE, '--out_dir=roomy', '--balance=even', nproc=2)
     at_4 = metrics(work / 'roomy')[0]['pred_gib'] * 2**30

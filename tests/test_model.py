@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from hetgpt.hf import from_hf
+from hetgpt.run.hf import from_hf
 import model as model_module
 from model import GPT, GPTConfig
 from sample import generate
@@ -148,14 +148,14 @@ def reference_loss(x, weight, targets, reduction='sum'):
 
 # chunks and groups that do not divide the 3 × 50 tokens, one group of several chunks, one chunk
 @pytest.mark.parametrize('rows,group', [(7, 7), (7, 28), (16, 64), (64, 1024), (1000, 1000)])
-def test_chunked_loss_and_gradients_equal_full_logits(monkeypatch, rows, group):
-    monkeypatch.setitem(model_module.LOSS_CHUNK, 'cpu', (rows, group))
+def test_chunked_loss_and_gradients_equal_full_logits(rows, group):
     torch.manual_seed(0)
     x0, w0 = torch.randn(3, 50, 16), torch.randn(97, 16)
     targets = torch.randint(0, 97, (3, 50))
     targets[1, ::3] = -1  # ignored positions add neither loss nor gradient
     results = []
-    for fn in (reference_loss, lambda x, w, t: model_module.LMHeadLoss.apply(x, w, t, True)):
+    for fn in (reference_loss, lambda x, w, t: model_module.LMHeadLoss.apply(
+            x, w, t, True, model_module.chunk_loss, (rows, group))):
         x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
         loss = fn(x, w, targets)
         (2.5 * loss).backward()  # the upstream gradient scales both gradients
@@ -185,7 +185,8 @@ def test_chunked_loss_under_bf16_autocast_is_close_and_keeps_float32_gradients()
     x0, w0 = torch.randn(2, 40, 32), torch.randn(300, 32) * 0.5
     targets = torch.randint(0, 300, (2, 40))
     out = []
-    for fn in (reference_loss, lambda x, w, t: model_module.LMHeadLoss.apply(x, w, t, True)):
+    for fn in (reference_loss, lambda x, w, t: model_module.LMHeadLoss.apply(
+            x, w, t, True, model_module.chunk_loss, model_module.LOSS_CHUNK['cpu'])):
         x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
         with torch.autocast('cpu', dtype=torch.bfloat16):
             loss = fn(x, w, targets)

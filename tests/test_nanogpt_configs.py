@@ -229,7 +229,7 @@ def bad_meta_pkl(root, meta):
 def test_a_bad_meta_pkl_is_one_line_and_runs_nothing(tmp_path, monkeypatch, capsys, meta):
     # meta.pkl is untrusted input: it is unpickled with no globals allowed. Its one reader
     # (corpus.dataset_vocab, as train.py and sample.py call it) here; end to end: the test below
-    from hetgpt import corpus
+    from hetgpt.data import corpus
     d, ran = bad_meta_pkl(tmp_path, meta)
     monkeypatch.chdir(tmp_path)  # (where a command run would write)
     with pytest.raises(SystemExit) as e:

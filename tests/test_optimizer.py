@@ -13,7 +13,7 @@ import torch
 
 from trainer import (ROOT, TINY, edited_copy, make_dataset, max_rel_diff, one_error_line,
                      train_losses)
-from hetgpt import ckpt
+from hetgpt.run import checkpoint
 
 ADAMW = """    return [adamw([{'params': decay, 'weight_decay': config['weight_decay']},
                    {'params': other, 'weight_decay': 0.0}], config)]"""
@@ -69,7 +69,7 @@ def test_muon_is_one_edit_and_trains_on_one_rank_and_two(muon):
     optimizers = module.make_optimizer(model, config)
     assert [type(o).__name__ for o in optimizers] == ['Muon', 'AdamW']
     _, state = get_state_dict(model, optimizers)
-    ckpt.read(str(work / 'out1' / 'ckpt_00000008'), {'optim': state})
+    checkpoint.read(str(work / 'out1' / 'ckpt_00000008'), {'optim': state})
     kinds = {name: set(s) for name, s in state['state'].items()}
     assert kinds['transformer.h.0.attn.c_attn.weight'] == {'momentum_buffer'}
     assert {'exp_avg', 'exp_avg_sq'} <= kinds['transformer.wte.weight']
@@ -77,8 +77,8 @@ def test_muon_is_one_edit_and_trains_on_one_rank_and_two(muon):
     # Two ranks under DDP: the gradient of the whole batch, so the weights of one rank. Muon
     # orthogonalises in bfloat16: a summation-order difference in a gradient can flip a rounding
     # (relative 2**-8) in a few elements' updates, of lr 3e-3 against weights of ~0.02-1.
-    one = ckpt.load_model(str(work / 'out1' / 'ckpt_00000008'), trim_vocab=False).state_dict()
-    two = ckpt.load_model(str(work / 'out2' / 'ckpt_00000008'), trim_vocab=False).state_dict()
+    one = checkpoint.load_model(str(work / 'out1' / 'ckpt_00000008'), trim_vocab=False).state_dict()
+    two = checkpoint.load_model(str(work / 'out2' / 'ckpt_00000008'), trim_vocab=False).state_dict()
     assert max_rel_diff(two, one) < 1e-3
 
 
@@ -118,7 +118,7 @@ def test_the_plan_counts_each_parameters_optimizer_state(monkeypatch, bias):
     # not a small model's average applied to all of them (with or without biases: a small model
     # of another structure would pair the wrong parameters)
     import model
-    from hetgpt import costs, memory
+    from hetgpt.planner import costs, memory
 
     def muon_and_adamw(net, config):  # as MUON's edit splits the parameters
         blocks = {p for n, p in net.named_parameters() if '.h.' in n and p.dim() == 2}
@@ -146,7 +146,7 @@ def test_the_plan_counts_the_optimizer_step_s_temporaries(monkeypatch):
     # few of each with the k × k products (k its shorter side). Under DDP, one micro-batch whose
     # activations are smaller than the gradients, the step is the peak: the states and that.
     import model
-    from hetgpt import costs, memory
+    from hetgpt.planner import costs, memory
     cfg = model.GPTConfig(n_layer=4, n_head=8, n_embd=512, block_size=64, vocab_size=4096)
     costs.step_bytes.cache_clear()
     assert costs.step_bytes_of(cfg) == 0

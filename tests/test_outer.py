@@ -1,4 +1,4 @@
-"""Local steps (outer_interval, hetgpt/outer.py) on two machines (torchrun agents on loopback): the
+"""Local steps (outer_interval, hetgpt/run/local_steps.py) on two machines (torchrun agents on loopback): the
 weights and losses of the formula, computed here in plain PyTorch (each node's AdamW steps on its part
 of every batch, DiLoCo's outer step as torch.optim.SGD's Nesterov runs it); a resume in the middle of a
 round; what is refused; and plan.py's prediction of both modes."""
@@ -36,7 +36,7 @@ def reference(root, steps, interval, shares, outer_lr=0.7, momentum=0.9):
     # nodes' anchor - weights, weighted by their part; torch.optim.SGD(nesterov) steps it, and every
     # node takes it. Returns node 0's weights and the logged loss of each step (the whole batch's).
     import torch
-    from hetgpt.corpus import Batches
+    from hetgpt.data.corpus import Batches
     from model import GPT, GPTConfig, make_optimizer
     cwd = os.getcwd()
     os.chdir(root)
@@ -96,8 +96,8 @@ def test_local_steps_are_the_formula(work):
 def test_a_resume_in_a_round_continues_it(work):
     # ckpt 4 is in the second round (3 to 5): each node's weights and AdamW state, and the outer
     # state. Resumed by 2 machines of 1 rank each (their node's DDP now one rank), the same run.
-    from hetgpt import ckpt
-    saved = {k.split('.')[0] for k in ckpt.Reader(str(work / 'local' / 'ckpt_00000004'))
+    from hetgpt.run import checkpoint
+    saved = {k.split('.')[0] for k in checkpoint.Reader(str(work / 'local' / 'ckpt_00000004'))
              .read_metadata().state_dict_metadata}
     assert saved == {'model', 'optim', 'model@node1', 'optim@node1', 'outer'}, saved
     os.makedirs(work / 'resumed')
@@ -123,7 +123,7 @@ def test_plan_says_when_local_steps_are_faster(capsys):
     # float32 gradients (2 × 1/2 × 4 bytes each way, a ring of 2) takes seconds; local steps carry
     # the weights once per round
     import plan
-    from hetgpt.clock import NIC_EFFICIENCY
+    from hetgpt.planner.timing import NIC_EFFICIENCY
     said = {}
     for gbit in (0.1, 1.0):
         assert plan.main(['configs/gpt_tiny.py', '--gpus', '2xcpu', '--host_mem', '16', '--nodes',

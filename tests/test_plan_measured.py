@@ -10,9 +10,9 @@ import torch.nn.functional as F
 import pytest
 
 import model
-from hetgpt import costs
-from hetgpt import memory
-from hetgpt import planner
+from hetgpt.planner import costs
+from hetgpt.planner import memory
+from hetgpt.planner import search
 from model import GPTConfig
 
 CFG = GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=64, vocab_size=512, bias=False)
@@ -323,10 +323,10 @@ def test_a_whole_matrix_optimizer_is_never_sharded(monkeypatch):
     try:
         assert not costs.optimizer_updates_shards_alone(CFG)
         ranks = [dict(device='cuda', gpu='A100-80GB', mem=80 * 2**30)] * 8
-        p = planner.make_plan(CFG, 64, ranks)
+        p = search.make_plan(CFG, 64, ranks)
         assert not p.shard and p.fits
         with pytest.raises(SystemExit) as e:
-            planner.make_plan(CFG, 64, ranks, plan='fsdp')
+            search.make_plan(CFG, 64, ranks, plan='fsdp')
         assert e.value.code == 2
     finally:
         forget_the_optimizer()  # (OrthogonalSGD's state, none, must not stay planned)

@@ -19,8 +19,8 @@ import pytest
 import tiktoken
 
 import data.prepare as prepare
-from hetgpt import tokenizer
-from hetgpt.tokenizer import gpt2_encoding
+from hetgpt.data import tokenizer
+from hetgpt.data.tokenizer import gpt2_encoding
 from trainer import one_error_line
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -87,7 +87,7 @@ def test_the_files_are_read_by_tiktoken_and_copied_nowhere(tmp_path, monkeypatch
 
 
 def test_import_of_tokenizer_is_cheap():
-    code = ("import sys; from hetgpt import tokenizer; "
+    code = ("import sys; from hetgpt.data import tokenizer; "
             "print(sorted({'tiktoken', 'transformers', 'numpy'} & set(sys.modules)))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                        timeout=60)

@@ -44,7 +44,7 @@ def unigram_loss(train, val):
 
 
 def test_make_demo_learns_then_the_readme_s_commands_run_as_written(tmp_path):
-    from hetgpt.tokenizer import gpt2_encoding
+    from hetgpt.data.tokenizer import gpt2_encoding
     commands = readme_commands()
     run = [c for c in commands if not any(c.startswith(s) for s in SKIP)]
     assert any('train.py' in c for c in run) and any('plan.py' in c for c in run), commands

@@ -47,7 +47,7 @@ def run(tmp_path_factory):
 
 
 def test_sample_streams_the_models_text(run, tmp_path):
-    from hetgpt.tokenizer import gpt2_encoding
+    from hetgpt.data.tokenizer import gpt2_encoding
     out, model = run
     prompt = tmp_path / 'prompt.txt'
     prompt.write_text('x=1;\n', encoding='utf-8')  # ids under 300 only
@@ -120,17 +120,19 @@ def test_export_hf(tmp_path, bias):
 # user mistakes: one line on stderr starting 'error: ', exit status 2, nothing written
 
 def knobs_and_rules():
-    # sample.py's knobs (the constants assigned before RULES) and RULES, read from its source: it
-    # runs at import, so it is not imported.
+    # sample.py's knobs (its module-level constants before its first function), read from its
+    # source: it runs at import, so it is not imported; and the rules it hands to configure
+    # (hetgpt/knobs.py's SAMPLE).
+    from hetgpt.knobs import SAMPLE
     tree = ast.parse(open(os.path.join(ROOT, 'sample.py')).read())
     knobs = {}
     for node in tree.body:
-        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
-            if node.targets[0].id == 'RULES':
-                return knobs, ast.literal_eval(node.value)
-            if isinstance(node.value, ast.Constant):
-                knobs[node.targets[0].id] = node.value.value
-    raise AssertionError('sample.py has no RULES')
+        if isinstance(node, ast.FunctionDef):
+            return knobs, dict(SAMPLE)
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) \
+                and isinstance(node.value, ast.Constant):
+            knobs[node.targets[0].id] = node.value.value
+    raise AssertionError('sample.py has no function')
 
 
 def out_of_range(rule, default):

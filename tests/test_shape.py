@@ -13,8 +13,9 @@ from dataclasses import fields
 import pytest
 
 from trainer import ROOT, train_defaults, train_rules
-import configurator
-from hetgpt import ckpt, planner, shape
+from hetgpt import knobs
+from hetgpt.planner import search
+from hetgpt.run import checkpoint
 from model import GPTConfig
 import plan
 
@@ -45,12 +46,12 @@ CASES = cases()
 
 
 def test_the_rules_cover_the_shape_and_the_batch():
-    assert set(shape.RULES) == {f.name for f in fields(GPTConfig)}
+    assert set(knobs.SHAPE) == {f.name for f in fields(GPTConfig)}
     rules = train_rules()
-    assert {k: rules[k] for k in shape.RULES} == shape.RULES  # train.py takes them as they are
+    assert {k: rules[k] for k in knobs.SHAPE} == knobs.SHAPE  # train.py takes them as they are
     for key in BATCH:  # bounded by the planner's largest batch, 2**24
         assert rules[key].endswith(f', {2**24}]'), (key, rules[key])
-    assert set(plan.KNOBS) == set(shape.RULES) | set(PLANNED)
+    assert set(plan.KNOBS) == set(knobs.SHAPE) | set(PLANNED)
     assert {k for k, _ in CASES} == {k for k in plan.KNOBS if rules[k]}
 
 
@@ -93,7 +94,7 @@ def test_each_bad_shape_is_the_same_line_from_train_plan_and_a_checkpoint(tmp_pa
     for i, (knob, value) in enumerate(CASES):
         extra = ['--n_head=4'] if (knob, value) == ('n_embd', 30) else []
         argvs.append([f'--out_dir={tmp_path}/never{i}', f'--{knob}={value}'] + extra)
-        if knob in shape.RULES:
+        if knob in knobs.SHAPE:
             bad_checkpoint(tmp_path / f'run{i}', knob, value)
             argvs.append([f'--out_dir={tmp_path}/run{i}', '--init_from=resume'] + shape_args)
     p = subprocess.run([sys.executable, '-c', TRAIN_CHILD.format(root=ROOT), json.dumps(argvs)],
@@ -111,13 +112,13 @@ def test_each_bad_shape_is_the_same_line_from_train_plan_and_a_checkpoint(tmp_pa
         with pytest.raises(SystemExit) as e:  # plan.py: the same line
             plan.main(['configs/gpt_tiny.py', f'--{knob}={value}'] + extra)
         assert error_line(e.value.code, capsys.readouterr().err) == said
-        if knob not in shape.RULES:
+        if knob not in knobs.SHAPE:
             continue
         # a checkpoint of that shape: resumed by train.py, loaded by sample.py's loader
         path = str(tmp_path / f'run{i}' / 'ckpt_00000010')
         resumed = error_line(*next(train))
         with pytest.raises(SystemExit) as e:
-            ckpt.load_model(path)
+            checkpoint.load_model(path)
         loaded = error_line(e.value.code, capsys.readouterr().err)
         assert resumed == loaded == f"checkpoint {path} is damaged (ValueError: model_args " \
             f"{said}); move it away to use the one before it, or use another out_dir"
@@ -132,13 +133,13 @@ def test_each_bad_shape_is_the_same_line_from_train_plan_and_a_checkpoint(tmp_pa
 def test_a_checkpoint_of_another_type_is_one_line(tmp_path, capsys, knob, value, says):
     path = bad_checkpoint(tmp_path, knob, value)  # (json writes nan as NaN, and reads it back)
     with pytest.raises(SystemExit) as e:
-        ckpt.load_model(path)
+        checkpoint.load_model(path)
     assert f"model_args {says})" in error_line(e.value.code, capsys.readouterr().err)
 
 
 def test_a_checkpoint_without_dropout_and_init_std_is_read():
     # (no part of the weights' shapes: older checkpoints lack them)
-    assert shape.fault({k: v for k, v in TINY_SHAPE.items() if k not in ('dropout', 'init_std')}) \
+    assert knobs.fault({k: v for k, v in TINY_SHAPE.items() if k not in ('dropout', 'init_std')}) \
         is None
 
 
@@ -156,7 +157,7 @@ def test_plan_takes_train_defaults(tmp_path, monkeypatch):
         seen.update(vars(cfg), batch=batch, micro=kw['micro_batch_size'])
         raise Seen
 
-    monkeypatch.setattr(planner, 'make_plan', make_plan)  # (plan.py imports it when called)
+    monkeypatch.setattr(search, 'make_plan', make_plan)  # (plan.py imports it when called)
     with pytest.raises(Seen):
         plan.main([str(empty)])
     defaults = train_defaults()
@@ -164,13 +165,10 @@ def test_plan_takes_train_defaults(tmp_path, monkeypatch):
         {f.name: defaults[f.name] for f in fields(GPTConfig)}
     assert seen['bias'] is False and GPTConfig.bias is True  # the model's own default differs
     assert (seen['batch'], seen['micro']) == (defaults['batch_size'], 0)
-    # --help says so too, and plan.py's rules are train.py's
+    # --help says so too
     helped = subprocess.run([sys.executable, 'train.py', '--help'], cwd=ROOT, capture_output=True,
                             text=True, timeout=60).stdout
     assert re.search(r'^  bias = False\b', helped, re.M)
-    rules = train_rules()
-    assert {k: r for k, r in {**shape.RULES, **configurator.rules_of(plan.TRAIN)}.items()
-            if k in plan.KNOBS} == {k: rules[k] for k in plan.KNOBS}
 
 
 def test_plan_counts_train_default_model_without_biases(tmp_path, capsys):

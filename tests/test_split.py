@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from hetgpt import balance
-from hetgpt.balance import fit, micro_batches, rebalance, refit, split, split_batch, weighted
+from hetgpt.planner import balance
+from hetgpt.planner.balance import fit, micro_batches, rebalance, refit, split, split_batch, weighted
 
 
 def step_time(n, c0, c1):

@@ -80,7 +80,7 @@ def test_loss_falls_and_log_line_has_progress(work):
 def test_wandb_is_online_when_logged_in(tmp_path, monkeypatch):
     # `wandb login` writes the key into ~/.netrc for wandb's host: that is logged in, as
     # WANDB_API_KEY is; another host's entry is not
-    from hetgpt.metrics import wandb_logged_in
+    from hetgpt.run.metrics import wandb_logged_in
     monkeypatch.delenv('WANDB_API_KEY', raising=False)
     monkeypatch.delenv('WANDB_BASE_URL', raising=False)
     netrc = tmp_path / 'netrc'
@@ -123,7 +123,7 @@ def test_keep_last_keeps_n_checkpoints(work):
 
 
 # Mistakes that configure() meets (a typo'd key, a value of the wrong type or out of its rule, a
-# config file that cannot be read or run): checked in this process, configurator.configure with the
+# config file that cannot be read or run): checked in this process, knobs.configure with the
 # defaults and RULES train.py hands it (read from train.py as test_hardening reads them). The others
 # go past configure() into train.py's own checks: each a process. (The end to end contract for a
 # configure() mistake: test_hardening's test_range_mistakes_end_to_end.)
@@ -151,12 +151,12 @@ CONFIG_MISTAKES = [
 
 @pytest.mark.parametrize('args, words', CONFIG_MISTAKES)
 def test_bad_config_is_one_line(work, args, words, monkeypatch, capsys):
-    import configurator
+    from hetgpt import knobs
     from test_hardening import train_knobs
     defaults, rules = train_knobs()
     monkeypatch.chdir(work)  # where the config files are, as for train.py
     with pytest.raises(SystemExit) as e:
-        configurator.configure(defaults, [*TINY, '--batch_size=2', '--max_iters=1', *args], rules=rules)
+        knobs.configure(defaults, [*TINY, '--batch_size=2', '--max_iters=1', *args], rules=rules)
     out, err = capsys.readouterr()
     lines = err.splitlines()
     assert e.value.code == 2 and not out and len(lines) == 1 and lines[0].startswith('error: '), err
@@ -322,7 +322,7 @@ def test_per_group_learning_rates_keep_their_ratio_through_warmup_and_decay(tmp_
     import sys
     from torch.distributed.checkpoint.state_dict import get_state_dict
     from trainer import edited_copy
-    from hetgpt import ckpt
+    from hetgpt.run import checkpoint
     one = "{'params': other, 'weight_decay': 0.0"
     code = edited_copy(tmp_path / 'code', 'model.py', one,
                        one + ", 'lr': config['learning_rate'] / 10")
@@ -343,7 +343,7 @@ def test_per_group_learning_rates_keep_their_ratio_through_warmup_and_decay(tmp_
         optimizer = edited.make_optimizer(model, dict(learning_rate=base, weight_decay=0.1,
                                                       beta1=0.9, beta2=0.95, adam_eps=1e-8))
         _, state = get_state_dict(model, optimizer)
-        ckpt.read(str(tmp_path / 'out' / f'ckpt_{it:08d}'), {'optim': state})
+        checkpoint.read(str(tmp_path / 'out' / f'ckpt_{it:08d}'), {'optim': state})
         lrs = [g['lr'] for g in state['param_groups']]
         step = it - 1  # the lr of the update that made checkpoint it
         want = base * (step + 1) / (warmup + 1) if step < warmup else \
@@ -359,5 +359,5 @@ def test_per_group_learning_rates_keep_their_ratio_through_warmup_and_decay(tmp_
                                             (90000, '1d01h')])
 def test_the_eta_shows_two_units_truncated(seconds, shown):
     # 3,000 s is 50 minutes (not "1h50m"); the larger unit first, the smaller truncated
-    from hetgpt.metrics import duration
+    from hetgpt.run.metrics import duration
     assert duration(seconds) == shown

@@ -71,7 +71,7 @@ def test_two_machines_over_a_slow_link(net, tmp_path, capsys):
     assert a.keys() == b.keys() and all(abs(a[k] - b[k]) < 1e-4 * b[k] for k in b), (a, b)
     # the prediction: plan.py for this link, its CPU ranks at the one-process run's FLOP/s (the
     # model's FLOPs per sequence, costs.flops_per_sequence, over its measured seconds)
-    from hetgpt.costs import flops_per_sequence
+    from hetgpt.planner.costs import flops_per_sequence
     from model import GPTConfig
     cfg = GPTConfig(n_layer=2, n_head=2, n_embd=512, block_size=32, vocab_size=256, bias=False)
     gflops = flops_per_sequence(cfg) * 8 / step_seconds(tmp_path / 'one', range(2, 13)) / 1e9

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from trainer import ROOT, TINY, make_dataset, one_error_line, run_train, snapshot
-from hetgpt import corpus
+from hetgpt.data import corpus
 
 RUN = TINY + ['--batch_size=4', '--eval_interval=100', '--max_iters=2']
-BLOCK, COUNT = 1 << 16, 66  # the sampled blocks, as hetgpt/corpus.py's comment documents them
+BLOCK, COUNT = 1 << 16, 66  # the sampled blocks, as hetgpt/data/corpus.py's comment documents them
 
 
 def trained_nothing(out):
@@ -89,7 +89,7 @@ def test_a_batch_check_names_the_first_bad_offset_and_passes_good_batches():
     # check_batch alone: rows are windows of a file at offsets
     windows = np.array([[1, 2, 3], [4, 255, 6]], dtype=np.uint16)
     assert corpus.check_batch('f.bin', windows, [10, 20], 256) is windows
-    code = ("import sys, numpy as np; sys.path.insert(0, %r); from hetgpt import corpus; "
+    code = ("import sys, numpy as np; sys.path.insert(0, %r); from hetgpt.data import corpus; "
             "corpus.check_batch('data/x/train.bin', np.array([[1, 999, 3], [700, 2, 3]], "
             "np.uint16), np.array([50, 7]), 256)" % ROOT)
     p = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)

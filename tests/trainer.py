@@ -10,12 +10,12 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import configurator  # noqa: E402
 import model  # noqa: E402
-from hetgpt import ckpt, ladder, shape  # noqa: E402
-from hetgpt.metrics import read_rows  # noqa: E402
+from hetgpt import knobs  # noqa: E402
+from hetgpt.run import checkpoint  # noqa: E402
+from hetgpt.run.metrics import read_rows  # noqa: E402
 
-latest_checkpoint = ckpt.latest
+latest_checkpoint = checkpoint.latest
 
 # A model small enough that a test step takes milliseconds; float32 and eager on CPU, no dropout. No biases:
 # the key bias of attention has an exactly zero gradient (softmax ignores a shift), so AdamW turns
@@ -27,25 +27,21 @@ TINY = ['--bias=False', '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_siz
 
 def train_defaults():
     # train.py's knobs as written: GPTConfig's fields at model.py's defaults, then its own
-    # module-level constants before RULES (read from its source: importing it would train)
+    # module-level constants before it gathers them into `defaults` (read from its source:
+    # importing it would train)
     found = {f.name: f.default for f in dataclasses.fields(model.GPTConfig)}
     for node in ast.parse(open(os.path.join(ROOT, 'train.py'), encoding='utf-8').read()).body:
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], 'id', None) == 'RULES':
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], 'id', None) == 'defaults':
             return found
         if (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
                 and isinstance(node.value, ast.Constant)
-                and configurator.is_knob(node.targets[0].id, node.value.value)):
+                and knobs.is_knob(node.targets[0].id, node.value.value)):
             found[node.targets[0].id] = node.value.value
 
 
 def train_rules():
-    # train.py's RULES, evaluated from its source (the plan rule is built from
-    # ladder.STRATEGIES, the one list)
-    tree = ast.parse(open(os.path.join(ROOT, 'train.py'), encoding='utf-8').read())
-    node = next(n for n in tree.body
-                if isinstance(n, ast.Assign) and getattr(n.targets[0], 'id', None) == 'RULES')
-    return eval(compile(ast.Expression(node.value), 'train.py', 'eval'),
-                {'re': re, 'STRATEGIES': ladder.STRATEGIES, 'shape': shape})
+    # train.py's rules: the table it hands to configure (hetgpt/knobs.py)
+    return dict(knobs.TRAIN)
 
 
 def make_dataset(root, name='synth', n_train=40_000, n_val=4_000):
@@ -154,17 +150,17 @@ def edited_copy(dest, name, old, new, more=()):
 
 
 def load_params(ckpt_dir):
-    return ckpt.load_model(ckpt_dir, trim_vocab=False).state_dict()  # as saved
+    return checkpoint.load_model(ckpt_dir, trim_vocab=False).state_dict()  # as saved
 
 
 def saved_tensors(ckpt_dir):
     # Every tensor of a checkpoint's model, by name, as its .metadata records them: whatever
     # model.py wrote it (an edited one's buffers included), read without building the model
     import torch
-    entries = ckpt.Reader(ckpt_dir).read_metadata().state_dict_metadata
+    entries = checkpoint.Reader(ckpt_dir).read_metadata().state_dict_metadata
     sd = {k[len('model.'):]: torch.empty(tuple(m.size), dtype=m.properties.dtype)
           for k, m in entries.items() if k.startswith('model.') and hasattr(m, 'size')}
-    ckpt.read(ckpt_dir, {'model': sd})
+    checkpoint.read(ckpt_dir, {'model': sd})
     return sd
 
 

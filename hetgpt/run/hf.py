@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import torch
 
-from hetgpt import tokenizer
+from hetgpt.data import tokenizer
 from hetgpt.errors import die, oneline
 from model import GPT, GPTConfig
 
@@ -37,7 +37,7 @@ def from_hf(hf_model, **overrides):
 def from_pretrained(name, **overrides):
     # 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl' (or another hub name) from the HF cache, else
     # from the hub (needs network once); or a transformers directory. A user mistake ends in one
-    # line (configurator.die), within seconds: offline, transformers would retry for ~30 s.
+    # line (errors.die), within seconds: offline, transformers would retry for ~30 s.
     need_transformers(f"init_from={name}")
     from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
     from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled

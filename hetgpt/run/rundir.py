@@ -7,9 +7,9 @@ import os
 import socket
 import sys
 
-from hetgpt.ckpt import checkpoints, damaged, read_meta
-from hetgpt import signals
 from hetgpt.errors import die
+from hetgpt.run import signals
+from hetgpt.run.checkpoint import checkpoints, damaged, read_meta
 
 
 # out_dir lock: one run per out_dir. Two runs at once would interleave metrics.jsonl and prune each
@@ -33,7 +33,7 @@ def _stale(owner):
 
 
 def lock(out_dir):
-    signals.claimed = True  # a stop from here on releases the lock (atexit)
+    signals.claimed()  # a stop from here on releases the lock (atexit)
     path = os.path.join(out_dir, '.lock')
     me = {'pid': os.getpid(), 'host': socket.gethostname(), 'start': _start_time(os.getpid()),
           'job': os.environ.get('TORCHELASTIC_RUN_ID')}

@@ -1,7 +1,7 @@
 """
 The step-time model: the seconds of a training step on given ranks, predicted before any of them
-runs, from the devices' datasheets (hetgpt/gpus.py) and the model's FLOPs (hetgpt/costs.py): each
-rank's compute (c0 seconds per micro-batch, c1 per sequence: what hetgpt/balance.py splits by), the
+runs, from the devices' datasheets (hetgpt/gpus.py) and the model's FLOPs (hetgpt/planner/costs.py): each
+rank's compute (c0 seconds per micro-batch, c1 per sequence: what hetgpt/planner/balance.py splits by), the
 optimizer step, and the collectives (NCCL's rings, gloo), overlapped as DDP and FSDP2 overlap them.
 The planner times each strategy with it; train.py then measures each rank's compute (balance.Speed)
 and splits the batch again by that.
@@ -9,13 +9,14 @@ and splits the batch again by that.
 import functools
 import math
 
-from hetgpt.balance import (EXACT, lockstep_count, lockstep_segments, runs, split_shares,
-                            weighted_shares)
-from hetgpt import cluster, costs
-from hetgpt.costs import counts, flops_per_sequence
 from hetgpt.gpus import GPUS, HOST_BW, HOST_THREAD_BW, UNKNOWN_GPU, peak_flops
+from hetgpt.knobs import flags
+from hetgpt.planner.balance import (EXACT, lockstep_count, lockstep_segments, runs, split_shares,
+                            weighted_shares)
+from hetgpt.planner import cluster, costs
+from hetgpt.planner.costs import counts, flops_per_sequence
+from hetgpt.planner.memory import optimizer_state, sharded
 from hetgpt.rates import GEMM_SM90
-from hetgpt.memory import optimizer_state, sharded
 
 # A GPU rank's compute, kind by kind, each at a published micro-benchmark's rate (never a
 # training run's throughput); the probe step then measures the real one.
@@ -62,6 +63,11 @@ CPU_FLOPS = 1e11       # FLOP/s of a CPU rank when not measured (2 AVX-512 cores
 CPU_COMM_BW = 2e9      # gloo over loopback
 DDP_BUCKET = 25 * 2**20  # bytes per all-reduce: DDP's default bucket_cap_mb
 DDP_FIRST_BUCKET = 2**20  # its first bucket's (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES)
+# Local steps' outer step on the host, bytes per parameter (float32): the change (anchor and weight read,
+# the change written: 12), weighted (8), into and out of the exchange buffer (16), the momentum
+# (read it and the change, write it: 12), the anchor (read the change, momentum and anchor, write
+# a sum and the anchor: 20), the weight set (8)
+HOST_BYTES = 76
 
 
 def _dev(rank):
@@ -278,7 +284,7 @@ def step(cfg, batch, ranks, f, caps, ac, accumulate, weights=None, inter_node_bw
     # computing in its r['dtype'] and checkpointing its blocks or not (ac): the batch split by
     # speed (balance.py; by weights if given), each rank's micro-batches as runs of equal sizes
     # (balance.runs: at most two), timed in closed form. ranks: entries of identical ranks
-    # (hetgpt/cluster.py), caps and ac one per entry; the split may give an entry's ranks two
+    # (hetgpt/planner/cluster.py), caps and ac one per entry; the split may give an entry's ranks two
     # shares or three, so it returns (seconds, parts): [(entry, how many ranks, share, runs)] in
     # rank order.
     R, n, m = cluster.world(ranks), counts(cfg), [r.get('count', 1) for r in ranks]
@@ -340,3 +346,53 @@ def step(cfg, batch, ranks, f, caps, ac, accumulate, weights=None, inter_node_bw
     # the root group (tied embeddings) is gathered before anything can run and reduced after
     # everything has: its collectives are exposed
     return seconds + (ring * (cb + 4) * n['root'] / bw if R > 1 else 0.0), split
+
+
+# -----------------------------------------------------------------------------
+# The time of a step with local steps, for the planner (plan.py): each node's step alone, and
+# once per round the exchange over the link.
+def local_step_times(plan, interval, inter_node_bw=None):
+    # (every step, local steps, exchange) seconds for a plan made by search.make_plan with
+    # inter_node_bw (as bandwidth reads it): every step, the plan's own step; with local
+    # steps of interval H, the slowest node's step alone (its part of the batch over its ranks, as
+    # the plan splits it) + the exchange / H. The exchange: a ring of the N nodes carries 2(N-1)/N
+    # of 4 bytes per parameter each way over each node's link, through gloo on the host, at the
+    # link's rate (bandwidth) at most gloo's (CPU_COMM_BW); the node's ranks gather the
+    # pieces at its own links' rate; GPU ranks copy the weights to and from the host; the host's
+    # update (HOST_BYTES) at a thread's rate (gpus.HOST_THREAD_BW).
+    # The plan's ranks are parts of entries of identical ranks (hetgpt/planner/cluster.py; one rank each
+    # when train.py plans): a node of a group of nodes alike holds each entry's count / nodes
+    # ranks, timed at the largest share of the entry's parts.
+    cfg, ranks, f = plan.config, plan.ranks, flags(plan.strategy)
+    n = counts(cfg)['total']
+    parts = {}  # an entry (its node group, its first rank) -> its parts' indices
+    for k, r in enumerate(ranks):
+        parts.setdefault((r['node'], r['rank']), []).append(k)
+    entries = [dict(ranks[ks[0]], count=sum(ranks[k]['count'] for k in ks)) for ks in parts.values()]
+    alone, inside = 0.0, 0.0
+    for node in {r['node'] for r in ranks}:
+        mine, batch, caps, ac, weights = [], 0, [], [], []
+        for (at, _), ks in parts.items():
+            if at != node:
+                continue
+            width = sum(ranks[k]['count'] for k in ks) // ranks[ks[0]]['nodes']
+            k = max(ks, key=lambda k: plan.share[k])
+            mine.append(dict(ranks[k], count=width, nodes=1))
+            batch += width * plan.share[k]
+            caps.append(plan.caps[k])
+            ac.append(plan.ac[k])
+            weights.append(plan.weights[k] if plan.weights else None)
+        if batch:
+            alone = max(alone, step(cfg, batch, mine, f, caps, ac,
+                                          not plan.reduce_every_micro_batch,
+                                          weights if plan.weights else None)[0])
+        L = sum(r['count'] for r in mine)
+        inside = max(inside, (L - 1) / L * 4 * n / bandwidth(mine, None))
+    N = cluster.node_count(entries)
+    link = min(bandwidth(entries, inter_node_bw), CPU_COMM_BW)
+    across = 2 * (N - 1) / N * 4 * n / link if N > 1 else 0.0
+    gpu = [r for r in ranks if r['device'] == 'cuda']
+    copies = max((8 * n / (_dev(r)['host'] * 1e9 * PCIE_EFFICIENCY) for r in gpu),
+                 default=0.0)
+    exchange = across + inside + copies + HOST_BYTES * n / (HOST_THREAD_BW * 1e9)
+    return plan.step_time, alone + exchange / max(1, interval), exchange

@@ -1,6 +1,6 @@
 """
 Identical ranks as one entry, so that planning takes as long for a million GPUs as for eight.
-The planner (hetgpt/planner.py) takes a list of entries, each a rank's dict standing for `count`
+The planner (hetgpt/planner/search.py) takes a list of entries, each a rank's dict standing for `count`
 identical ranks, and sums over ranks and nodes by those counts: its work grows with the kinds of
 rank, never with their number. train.py gives one entry per rank (count 1); plan.py lays out
 --gpus as entries (layout). An entry's fields beside the rank's own:

@@ -1,19 +1,19 @@
 """
-The plan: every decision the planner makes (hetgpt/planner.py), as train.py applies it (Plan), and
+The plan: every decision the planner makes (hetgpt/planner/search.py), as train.py applies it (Plan), and
 the table that shows it, beside the probe step's measured memory when there is one.
 """
 import math
 from dataclasses import dataclass, field
 
-from hetgpt import clock, cluster, costs
-from hetgpt.memory import GLIBC_SLACK, GiB, held
+from hetgpt.planner import cluster, costs, timing
+from hetgpt.planner.memory import GLIBC_SLACK, GiB, held
 from model import GPTConfig
 
 
 @dataclass
 class Plan:
     # Every decision train.py applies; lists hold one item per rank, or (plan.py's identical
-    # ranks, hetgpt/cluster.py) per part of the split: ranks[i]['count'] ranks alike, their first
+    # ranks, hetgpt/planner/cluster.py) per part of the split: ranks[i]['count'] ranks alike, their first
     # and last rank and node in ranks[i]['span'].
     strategy: str
     ac: list                        # per rank: activation checkpointing of each block (a +ac
@@ -87,7 +87,7 @@ class Plan:
         for i, r in enumerate(self.ranks):
             p, mb = self.predicted[i], f"{max(self.sizes[i])}×{self.accum[i]}"
             tps = self.share[i] * self.block_size / (self.step_time or 1)
-            peak = clock.peak(r, self.dtypes[i])
+            peak = timing.peak(r, self.dtypes[i])
             mfu = costs.mfu(self.config, self.share[i], self.step_time, peak)
             lines = [f" {r['gpu'] or r['device']:<14} {SHORT[self.dtypes[i]]:<5} {self.share[i]:>5} "
                      f"{mb:>9} {'yes' if self.ac[i] else 'no':<3} pred"
@@ -131,8 +131,8 @@ class Plan:
             out.append(f"predicted: step {self.step_time:.3g} s, "
                        f"{self.tokens_per_sec:,.0f} tokens/s"
                        + (f", MFU {self.mfu:.0%}" if self.mfu else '')
-                       + f" (kernels at published rates: {clock.said(self.ranks)}; links "
-                       f"at {clock.LINK_EFFICIENCY:.0%}, NICs at {clock.NIC_EFFICIENCY:.0%})")
+                       + f" (kernels at published rates: {timing.said(self.ranks)}; links "
+                       f"at {timing.LINK_EFFICIENCY:.0%}, NICs at {timing.NIC_EFFICIENCY:.0%})")
         if len(self.dtype_steps) > 1:  # FSDP gathers one dtype: the faster of the ranks' own
             out.append(f"dtype: {self.dtype} on every rank (FSDP gathers the weights in one "
                        f"dtype), the fastest of: " + ' | '.join(
@@ -165,3 +165,11 @@ def host_line(ranks):
 
 
 SHORT = {'bfloat16': 'bf16', 'float16': 'fp16', 'float32': 'fp32'}
+
+
+def duration(seconds):
+    # 50m00s under an hour, 1h50m under a day, then 3d04h: two units, the larger first
+    s = max(0, round(seconds))
+    for unit, small, name in ((86400, 3600, 'dh'), (3600, 60, 'hm'), (60, 1, 'ms')):
+        if s >= unit or unit == 60:
+            return f"{s // unit}{name[0]}{s % unit // small:02d}{name[1]}"

@@ -3,15 +3,15 @@ The memory estimator: the bytes one rank holds at the peak of a training step un
 (DDP or FSDP2, with or without per-block activation checkpointing and CPU offload), by part
 (parameters, gradients, optimizer state, activations, the rest), on its device and on its host.
 Everything is derived from the model built on the meta device and measured on fake tensors
-(hetgpt/costs.py: exact parameter shapes, saved bytes, optimizer state); the planner searches
+(hetgpt/planner/costs.py: exact parameter shapes, saved bytes, optimizer state); the planner searches
 with it, and train.py's probe step checks it.
 Notation: P parameters, N ranks, L layers, h width, s sequence, b micro-batch, V vocabulary.
 """
 import math
 
-from hetgpt import costs
-from hetgpt.costs import activation_bytes, counts, optimizer_state_bytes
-from hetgpt.ladder import flags
+from hetgpt.knobs import dtype_name, flags
+from hetgpt.planner import costs
+from hetgpt.planner.costs import activation_bytes, counts, optimizer_state_bytes
 from model import LOSS_CHUNK
 
 GiB = 2**30
@@ -71,7 +71,7 @@ def estimate(cfg, strategy, micro_batch, world_size, dtype='bfloat16', ranks_per
     N, b, s, h, L, V = (world_size, micro_batch, cfg.block_size, cfg.n_embd, cfg.n_layer,
                         cfg.vocab_size)
     P, Pb, Pr = n['total'], n['block'], n['root']
-    cb = 4 if str(dtype).replace('torch.', '') in ('float32', 'fp32') else 2  # compute dtype bytes
+    cb = 4 if dtype_name(dtype) in ('float32', 'fp32') else 2  # compute dtype bytes
     # Model states: fp32 params 4 + fp32 grads 4 + the optimizer's state (measured; AdamW's 8 makes
     # ZeRO's 16 B/param). DDP (gradient_as_bucket_view: the grads are the buckets) keeps them all;
     # FSDP2 shards all three by N (fp32 shards; reduce_dtype fp32).

@@ -10,8 +10,6 @@ import functools
 import inspect
 import itertools
 import math
-import os
-import time
 import weakref
 from collections import Counter
 from dataclasses import replace
@@ -21,10 +19,9 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from configurator import defaults_of
 import model as network  # looked up at call time: a test may swap in a variant of a module
+from hetgpt import knobs
 from hetgpt.errors import die, oneline
-from model import GPTConfig
 
 # Every function here takes the model's GPTConfig as it is (frozen, so hashable: the caches key
 # on it).
@@ -52,7 +49,7 @@ def counts(c):
 
 # What the model saves for backward and what its optimizer keeps, measured rather than assumed: a
 # researcher's edit to model.py (another MLP, attention, normalisation) is planned right as is.
-def _storage_bytes(tensors, exclude):
+def storage_bytes(tensors, exclude):
     seen = {}
     for t in tensors:
         ref = StorageWeakRef(t.untyped_storage())
@@ -70,7 +67,7 @@ def _saved(fn, params, *inputs):
                                                   lambda t: t):
         out = fn(*inputs)
     held = [t for t in (ref() for ref in packed) if t is not None]
-    return _storage_bytes(held, {StorageWeakRef(p.untyped_storage()) for p in params}), out
+    return storage_bytes(held, {StorageWeakRef(p.untyped_storage()) for p in params}), out
 
 
 def _fake(cfg, param_dtype, rest=False):
@@ -140,7 +137,7 @@ def backward_bytes(cfg, param_dtype, autocast_dtype):
     # The working set of one block's backward, which saved bytes do not show: the live bytes while
     # it runs (the incoming gradient, the gradients of the wide intermediates beside the saved
     # tensors not yet freed, a weight gradient before it is added to its .grad) above the saved
-    # bytes it starts from; plain, and under ac as hetgpt/parallel.py applies it (its recompute
+    # bytes it starts from; plain, and under ac as hetgpt/run/parallel.py applies it (its recompute
     # included). Measured on fake tensors under the dtype policy of saved_bytes, after each op,
     # for micro-batches of 1 and 2: each op's bytes are affine in the micro-batch, and which op
     # peaks depends on it (a fixed weight gradient at 1 sequence, an activation's at 8), so this
@@ -194,7 +191,7 @@ def _measured(measure, *args):
 def policy(strategy, dtype):
     # (parameter dtype, autocast dtype) as train.py runs this strategy in this compute dtype:
     # FSDP2's 16-bit parameters, or DDP's float32 ones under autocast
-    dtype = str(dtype).replace('torch.', '')
+    dtype = knobs.dtype_name(dtype)
     half = {'bfloat16': torch.bfloat16, 'float16': torch.float16}.get(dtype)
     return (torch.float32, None) if half is None else (half, None) \
         if strategy.startswith('fsdp') else (torch.float32, half)
@@ -210,7 +207,7 @@ def activation_bytes(cfg, strategy, dtype):
 def train_knobs():
     # train.py's knobs as written there (not run): make_optimizer's config here, whose values do
     # not change the size of the state
-    return defaults_of(os.path.join(os.path.dirname(os.path.dirname(__file__)), 'train.py'))
+    return knobs.defaults_of(knobs.TRAIN_PY)
 
 
 def _small(cfg):
@@ -236,7 +233,7 @@ def optimizer_state_bytes(cfg):
     for opt in optimizers:
         opt.step()
     state = {p: st for opt in optimizers for p, st in opt.state.items()}
-    per = {id(p): _storage_bytes([t for t in state.get(p, {}).values()
+    per = {id(p): storage_bytes([t for t in state.get(p, {}).values()
                                   if torch.is_tensor(t) and t.numel() > 1], set()) / p.numel()
            for p in net.parameters()}
     block = [id(p) for p in net.transformer.h[0].parameters()]
@@ -287,33 +284,6 @@ def step_bytes_of(c):
     return c.n_layer * per_layer + fixed
 
 
-def host_step_rate(device_type, elements=2**24):
-    # Bytes/s of model.make_optimizer's step on this process's CPU, counted as the planner counts
-    # a step (weights and gradients 16 bytes per element, its state read and written): what an
-    # offloaded step costs on this GPU host, measured by each rank at start-up, all at once (each
-    # with the threads torchrun gives it: OMP_NUM_THREADS=1). 2**24 elements: 256 MB with AdamW's
-    # state, beyond the caches. None on a CPU rank: its planned step is a guess (planner). Either
-    # way it first loads what any step loads (optimizer_state_bytes).
-    optimizer_state_bytes(GPTConfig())
-    if device_type != 'cuda':
-        return None
-    net = torch.nn.Module()
-    net.weight = torch.nn.Parameter(torch.zeros(elements // 4096, 4096))
-    net.weight.grad = torch.ones_like(net.weight)
-    optimizers = network.make_optimizer(net, train_knobs())
-    for opt in optimizers:  # (the first step makes the state)
-        opt.step()
-    seconds = math.inf
-    for _ in range(3):  # the fastest of three: a shared machine's noise only slows a step
-        start = time.perf_counter()
-        for opt in optimizers:
-            opt.step()
-        seconds = min(seconds, time.perf_counter() - start)
-    state = _storage_bytes([t for opt in optimizers for st in opt.state.values()
-                            for t in st.values() if torch.is_tensor(t) and t.numel() > 1], set())
-    return (16 * elements + 2 * state) / seconds
-
-
 @functools.lru_cache(maxsize=None)
 def optimizer_updates_shards_alone(cfg):
     # FSDP2 steps each rank's dim-0 shard of a matrix on its own. An elementwise optimizer (AdamW,
@@ -344,7 +314,7 @@ def optimizer_updates_shards_alone(cfg):
 @functools.lru_cache(maxsize=None)
 def model_flops(cfg):
     # Training FLOPs of one sequence, counted (FlopCounterMode) on fake tensors: one block forward
-    # and backward, plain and under ac as hetgpt/parallel.py applies it (whose recompute stops
+    # and backward, plain and under ac as hetgpt/run/parallel.py applies it (whose recompute stops
     # short of the block's last matmul), and the rest (embeddings, ln_f, the loss's matmuls).
     # Attention runs as SDPA's math kernel here, which the counter sees: its full s×s products,
     # PaLM's 12·h·s per token and layer (the fused kernels of the CPU and GPU skip the masked
@@ -367,7 +337,7 @@ def model_flops(cfg):
     return counted
 
 
-# The kinds of work of a GPU rank's step, for its clock (hetgpt/clock.py): each matmul's shape,
+# The kinds of work of a GPU rank's step, for its clock (hetgpt/planner/timing.py): each matmul's shape,
 # each attention kernel's, and the bytes that every other kernel reads and writes (norms,
 # activations, residual adds, dropout, casts, the loss's softmax, embedding gathers, adding
 # into .grad), recorded op by op on fake tensors as a micro-batch runs them. A view moves
@@ -428,23 +398,19 @@ def _work(cfg, param_dtype, autocast_dtype, part, micro):
     # loss in the chunks a GPU rank takes (model.LOSS_CHUNK). Cached by shape.
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.checkpoint import checkpoint
-    chunks, network.LOSS_CHUNK['cpu'] = network.LOSS_CHUNK['cpu'], network.LOSS_CHUNK['cuda']
-    try:
-        with FakeTensorMode():
-            block, rest = _fake(cfg, param_dtype, rest=True)
-            net = rest if part == 'rest' else block
-            stream = param_dtype if autocast_dtype is None else torch.float32
-            x = torch.empty(micro, cfg.block_size, cfg.n_embd, dtype=stream,
-                            requires_grad=True)
-            idx = torch.zeros(micro, cfg.block_size, dtype=torch.long)
-            run = dict(block=lambda: block(x).sum(), rest=lambda: rest(idx, idx)[1],
-                       ac=lambda: checkpoint(block, x, use_reentrant=False).sum())[part]
-            with torch.autocast('cpu', dtype=autocast_dtype,
-                                enabled=autocast_dtype is not None), _Work() as work:
-                run().backward()
-        return work.matmuls, work.attention, work.bytes
-    finally:
-        network.LOSS_CHUNK['cpu'] = chunks
+    with FakeTensorMode():
+        block, rest = _fake(cfg, param_dtype, rest=True)
+        rest.loss_chunks = network.LOSS_CHUNK['cuda']
+        stream = param_dtype if autocast_dtype is None else torch.float32
+        x = torch.empty(micro, cfg.block_size, cfg.n_embd, dtype=stream,
+                        requires_grad=True)
+        idx = torch.zeros(micro, cfg.block_size, dtype=torch.long)
+        run = dict(block=lambda: block(x).sum(), rest=lambda: rest(idx, idx)[1],
+                   ac=lambda: checkpoint(block, x, use_reentrant=False).sum())[part]
+        with torch.autocast('cpu', dtype=autocast_dtype,
+                            enabled=autocast_dtype is not None), _Work() as work:
+            run().backward()
+    return work.matmuls, work.attention, work.bytes
 
 
 def work(cfg, micro, strategy, dtype, ac=False):
@@ -472,20 +438,6 @@ def flops_per_sequence(c, ac=False):
     # Training FLOPs of one sequence (model_flops): MFU's numerator everywhere, train.py's too.
     f = _measured(model_flops, c)
     return c.n_layer * f['ac' if ac else 'block'] + f['rest']
-
-
-class MFU:
-    # train.py's: mfu(sequences, seconds, r) on rank r's peak (its GPU in its dtype), or on all
-    # ranks' together (r None); None where a peak is unknown (a CPU)
-    def __init__(self, cfg, ranks, dtypes):
-        from hetgpt.gpus import peak_flops
-        self.cfg = cfg
-        self.peaks = [peak_flops(r['gpu'], d) for r, d in zip(ranks, dtypes)]
-
-    def __call__(self, sequences, seconds, r=None):
-        peak = (self.peaks[r] if r is not None else
-                sum(self.peaks) if all(self.peaks) else None)
-        return mfu(self.cfg, sequences, seconds, peak)
 
 
 def mfu(cfg, sequences, seconds, peak):

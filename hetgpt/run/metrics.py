@@ -122,17 +122,9 @@ class Metrics:
 
 
 def line(row, eta):
-    # A training row as the log line a user reads; eta in seconds
+    # A training row as the log line a user reads; eta: the time left, said
     mfu = 'n/a' if row['mfu'] is None else f"{100 * row['mfu']:.1f}%"
     return (f"iter {row['iter']}: loss {row['loss']:.4f}, lr {row['lr']:.2e}, "
             f"grad norm {row['grad_norm']:.3g}, {row['tokens_per_sec']:,.0f} tok/s, "
             f"mfu {mfu}, mem {row['mem_gib']:.2f} GiB, "
-            f"eta {duration(eta)}")
-
-
-def duration(seconds):
-    # 50m00s under an hour, 1h50m under a day, then 3d04h: two units, the larger first
-    s = max(0, round(seconds))
-    for unit, small, name in ((86400, 3600, 'dh'), (3600, 60, 'hm'), (60, 1, 'ms')):
-        if s >= unit or unit == 60:
-            return f"{s // unit}{name[0]}{s % unit // small:02d}{name[1]}"
+            f"eta {eta}")

@@ -31,7 +31,7 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from hetgpt import shape
+from hetgpt import knobs
 from hetgpt.errors import die, oneline
 from model import GPT, config_from
 
@@ -156,7 +156,7 @@ def save(out_dir, step, model, optimizer, meta, keep_last, outer=None):
     # Every rank writes its shard (DCP: loads under any strategy and world size) into
     # ckpt_<step>.tmp; rank 0 adds hetgpt.json ({iter, **meta}) and renames it once complete, then
     # drops old ones. Returns the checkpoint's path, and on rank 0 its size and seconds (size).
-    # outer: local steps' entries (hetgpt/outer.py: each node's own state, the outer state).
+    # outer: local steps' entries (hetgpt/run/local_steps.py: each node's own state, the outer state).
     start = time.time()
     final = os.path.join(out_dir, f'ckpt_{step:08d}')
     tmp, master = final + '.tmp', dist.get_rank() == 0
@@ -173,7 +173,7 @@ def save(out_dir, step, model, optimizer, meta, keep_last, outer=None):
                 f.flush()
                 os.fsync(f.fileno())
     except (Exception, CheckpointException) as e:  # a full disk, a quota: the last one is intact
-        if lost_peer(e):  # not this disk's fault: hetgpt.group's excepthook says so, in one line
+        if lost_peer(e):  # not this disk's fault: hetgpt.run.process_group's excepthook says so, in one line
             raise first_failure(e) from None
         last = checkpoints(out_dir)
         kept = (f"the last complete one, {last[-1]}, is intact" if last
@@ -221,7 +221,7 @@ def read_meta(path):
     name = os.path.basename(os.path.normpath(path))  # sample.py may read a renamed copy
     if re.fullmatch(r'ckpt_\d{8}', name) and name != f"ckpt_{meta['iter']:08d}":
         raise ValueError(f"hetgpt.json has iter {meta['iter']}, not the directory's")
-    bad = shape.fault(meta['model_args'])  # (the check of a config's shape too)
+    bad = knobs.fault(meta['model_args'])  # (the check of a config's shape too)
     if bad:
         raise ValueError(f"model_args {bad}")
     return meta

@@ -8,8 +8,8 @@ from contextlib import contextmanager
 
 import torch
 
-from hetgpt.ckpt import checkpoints
 from hetgpt.errors import die
+from hetgpt.run.checkpoint import checkpoints
 
 
 def scaler(device_type, dtypes):

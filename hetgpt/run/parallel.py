@@ -10,13 +10,11 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 
-import model as network  # (LMHeadLoss and chunk_loss: the loss to compile)
-
 
 def wrap(raw_model, plan, rank, world_size, device, dtype, compile, seed, group=None):
     # Returns (model, autocast). raw_model may be on the meta device: each rank then makes
     # storage for its own weights or shard here, with the initial weights (GPT.materialise).
-    # group: DDP's ranks (local steps: the node's, hetgpt/outer.py); None: every rank.
+    # group: DDP's ranks (local steps: the node's, hetgpt/run/local_steps.py); None: every rank.
     device_type, ptdtype = device.split(':')[0], getattr(torch, dtype)
     if plan.ac[rank]:  # this rank's backward runs each block's forward again
         for block in raw_model.transformer.h:
@@ -25,7 +23,7 @@ def wrap(raw_model, plan, rank, world_size, device, dtype, compile, seed, group=
         for block in raw_model.transformer.h:
             block.compile()
         # the loss's elementwise work, fused per chunk
-        network.LMHeadLoss.kernel = torch.compile(network.chunk_loss)
+        raw_model.loss_kernel = torch.compile(raw_model.loss_kernel)
     model = raw_model
     if plan.shard:
         model = shard(raw_model, plan, world_size, device_type, ptdtype)
@@ -69,6 +67,3 @@ def sync(model, reduce):
         return model.no_sync()
     return nullcontext()
 
-
-def fsdp_modules(model):  # the modules that all-gather their weights in a forward
-    return [m for m in model.modules() if hasattr(m, 'set_requires_gradient_sync')]

@@ -13,13 +13,8 @@ import heapq
 import itertools
 import math
 import struct
-import time
-from contextlib import contextmanager
 
 import numpy as np
-import torch
-
-from hetgpt.group import gather
 
 # Batches of up to EXACT sequences are split by the searches that place one sequence at a time
 # (their results are the ones tests/test_split.py and tests/test_plan.py pin); their time grows with
@@ -36,7 +31,7 @@ def split_batch(batch, c0, c1, caps, count=None, counts=None):
     # rank i's finishing times c0_i + c1_i·k (k = 1, 2, ...) increase with k, a split takes a
     # prefix of each rank's list, so its maximum is at least the batch-th smallest of all these
     # values; the greedy takes exactly the batch smallest. count=K > 1: FSDP's lockstep, below.
-    # counts: how many identical ranks each entry stands for (hetgpt/cluster.py); the result is
+    # counts: how many identical ranks each entry stands for (hetgpt/planner/cluster.py); the result is
     # then each entry's ranks as [(share, how many)] in rank order (identical ranks may get
     # different shares: ties go to the lower rank), computed in time that does not grow with the
     # counts. Without counts: one share per rank.
@@ -379,98 +374,3 @@ def rebalance(sizes, caps, c0, c1, times, lockstep, gain=0.03):
     if step_time(new, c0, c1, lockstep) < (1 - gain) * step_time(sizes, c0, c1, lockstep):
         return new, c1
     return sizes, c1
-
-
-class Speed:
-    # Each rank's compute seconds, measured as it trains, and the split of the batch they call for:
-    # train.py calls measure() once at start-up, start() and end() around each step, forward()
-    # around each forward, and report() at each log line. A rank's compute is (3 + ac) × its
-    # forwards' seconds (a backward is about two forwards, plus one when it recomputes), less
-    # FSDP's waits: its pre-hook on a module waits for the all-gather of its weights, that is, for
-    # the slowest rank. Timed on CPU always; on CUDA (reading an event synchronises) only in the
-    # few steps before a rebalance.
-    def __init__(self, device_type, rank, world_size, ac, interval, lockstep, model, log):
-        self.cuda, self.rank, self.world_size = device_type == 'cuda', rank, world_size
-        self.factor, self.interval, self.lockstep, self.log = 3 + ac, interval, lockstep, log
-        self.timing, self.marks, self.c0, self.c1 = False, [], None, None
-        self.busy = [0.0, 0.0]  # smoothed (compute, whole step) seconds of this rank
-        def wait(module, args):  # (a hook that returns something replaces the args)
-            if self.timing:
-                self.marks.append(self.stamp())
-        wait = torch.compiler.disable(wait)
-        for m in model.modules():  # (FSDP's pre-hook was prepended: this one runs before it)
-            if hasattr(m, 'set_requires_gradient_sync'):
-                m.register_forward_pre_hook(wait, prepend=True)
-                m.register_forward_pre_hook(wait)
-
-    def stamp(self):  # now, by the host's clock, or (CUDA) an event in this rank's GPU work
-        if not self.cuda:
-            return time.perf_counter()
-        return torch.cuda.current_stream().record_event(torch.cuda.Event(enable_timing=True))
-
-    def seconds(self, a, b):  # from stamp a to b (CUDA: waits for b)
-        return b.synchronize() or a.elapsed_time(b) / 1000 if self.cuda else b - a
-
-    @contextmanager
-    def forward(self):
-        # marks: [start, wait start, wait end, ..., end] of each timed forward, read after the
-        # step (so that on CUDA the host does not wait for the forward before the backward)
-        if self.timing:
-            self.marks.append(self.stamp())
-        yield
-        if self.timing:
-            self.marks.append(self.stamp())
-
-    def compute(self):
-        # the timed forwards' seconds, less their waits, × factor; marks pair up as (start, wait
-        # start), (wait end, next wait start), ..., (last wait end, end)
-        m, self.marks = self.marks, []
-        return self.factor * sum(map(self.seconds, m[::2], m[1::2]))
-
-    def measure(self, cap, run):
-        # This rank's c0, c1 from forward-backwards (run(sizes)) of half its cap (twice: the first
-        # warms up) and its cap; then every rank's. Returns (c0, c1), a tuple per rank.
-        sizes = (max(1, cap // 2), max(1, cap // 2), cap)
-        times = []
-        for b in sizes:
-            self.timing = True
-            run([b])
-            times.append(self.compute())
-        self.timing = False
-        mine = fit(sizes[1:], times[1:])
-        self.c0, self.c1 = zip(*gather(mine))
-        return self.c0, self.c1
-
-    def start(self, it):
-        self.timing = self.world_size > 1 and (
-            not self.cuda or it % self.interval >= self.interval - 5)
-        self.t_step = self.stamp() if self.timing else None
-
-    def end(self, it, sizes, caps):
-        # After step it-1 (it: steps done): smoothed times; every `interval` steps, the split
-        # refitted to every rank's measured compute (rebalance). Returns the sizes to run next.
-        if self.timing:
-            now = [self.compute(), self.seconds(self.t_step, self.stamp())]
-            self.busy = [0.7 * b + 0.3 * n for b, n in zip(self.busy, now)]
-        self.timing = False
-        if self.c0 is None or it % self.interval:
-            return sizes
-        times = gather(self.busy[0])
-        new, self.c1 = rebalance(sizes, caps, self.c0, self.c1, times, self.lockstep)
-        if new != sizes:
-            self.log(f"iter {it}: rebalanced {list(map(sum, sizes))} -> {list(map(sum, new))}")
-        return new
-
-    def report(self, ran, mfu):
-        # What each rank ran in its last step (ran: its micro-batches), its idle fraction, and
-        # mfu(sequences, seconds, rank): its MFU on its own peak (None: unknown)
-        if self.world_size == 1 or self.busy[1] <= 0:
-            return
-        parts = []
-        for r, (ms, c, w) in enumerate(gather((ran, *self.busy))):
-            part = f"rank {r}: {sum(ms)} seq in {'+'.join(map(str, ms))}"
-            part += f", idle {max(0, 1 - c / w):.0%}"
-            if mfu(sum(ms), w, r) is not None:
-                part += f", mfu {mfu(sum(ms), w, r):.0%}"
-            parts.append(part)
-        self.log('  ' + '; '.join(parts))

@@ -39,12 +39,12 @@ def membership(was, now):
 # train.py and package, the same torch and the same data. Otherwise DDP either fails on every rank
 # ("expects same model") or, with equal shapes, silently averages two different models.
 def fingerprint(config, data_files):
-    package = os.path.dirname(os.path.abspath(__file__))
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     root = os.path.dirname(package)
     digest = lambda paths: hashlib.sha256(b''.join(open(p, 'rb').read() for p in paths))
     code = {name: digest([os.path.join(root, name)]).hexdigest()[:16]
             for name in ('model.py', 'train.py')}
-    code['hetgpt'] = digest(sorted(glob.glob(os.path.join(package, '*.py')))).hexdigest()[:16]
+    code['hetgpt'] = digest(sorted(glob.glob(os.path.join(package, '**', '*.py'), recursive=True))).hexdigest()[:16]
     sizes = {os.path.basename(p): os.path.getsize(p) for p in data_files}
     return {'config': config, 'code': code, 'torch': torch.__version__, 'data': sizes}
 

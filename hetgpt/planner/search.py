@@ -2,25 +2,25 @@
 The planner: how a GPT config trains on the devices at hand, decided before any weight is
 allocated.
 For each strategy (DDP or FSDP2, with or without per-block activation checkpointing and CPU
-offload) it finds the largest micro-batch that fits on each rank (by hetgpt/memory.py's estimate)
-and times the step (hetgpt/clock.py); it picks the fastest strategy that fits and splits the
-global batch over unlike ranks so that they finish together (hetgpt/balance.py). train.py applies
-the plan and checks it with a real probe step (hetgpt/probe.py).
+offload) it finds the largest micro-batch that fits on each rank (by hetgpt/planner/memory.py's estimate)
+and times the step (hetgpt/planner/timing.py); it picks the fastest strategy that fits and splits the
+global batch over unlike ranks so that they finish together (hetgpt/planner/balance.py). train.py applies
+the plan and checks it with a real probe step (hetgpt/run/probe.py).
 """
 import functools
 import math
 from collections import Counter
 from dataclasses import replace
 
-from hetgpt import clock, cluster, costs
-from hetgpt.balance import lockstep_count, pieces, split, weighted
-from hetgpt.costs import counts, optimizer_updates_shards_alone
-from hetgpt.decision import Plan
 from hetgpt.errors import die
 from hetgpt.gpus import GPUS
 from hetgpt.hardware import native_dtype
-from hetgpt.ladder import DTYPES, STRATEGIES, flags
-from hetgpt.memory import CPU_OVERHEAD, GPU_OVERHEAD, GiB, estimate, held
+from hetgpt.knobs import DTYPES, STRATEGIES, dtype_name, flags
+from hetgpt.planner import cluster, costs, timing
+from hetgpt.planner.balance import lockstep_count, pieces, split, weighted
+from hetgpt.planner.costs import counts, optimizer_updates_shards_alone
+from hetgpt.planner.memory import CPU_OVERHEAD, GPU_OVERHEAD, GiB, estimate, held
+from hetgpt.planner.plan import Plan
 
 # Of a host's memory (a CPU rank's, a node's), what the planner fills: the rest is the kernel's
 # and the page cache's, which no process counts (a guess)
@@ -28,7 +28,7 @@ HOST_FRACTION = 0.9
 
 
 def _normalise(ranks, fraction):
-    # (ranks: entries, each of `count` identical ranks: hetgpt/cluster.py)
+    # (ranks: entries, each of `count` identical ranks: hetgpt/planner/cluster.py)
     out = cluster.normalise([dict(dict(gpu=None, node=0, host_mem=None), **r) for r in ranks])
     for r in out:
         r.setdefault('device', 'cuda' if r['gpu'] else 'cpu')
@@ -89,7 +89,7 @@ def _evaluate_one(cfg, batch, ranks, strategy, mbs, inter_node_bw, accumulate, w
     # without it; not one whose micro-batch without it is merely smaller). Each rank computes in
     # its r['dtype'].
     # ranks: entries of identical ranks (cluster.py): caps, ac, need are per entry; the split
-    # (share, runs, predicted) per part of an entry (clock.step's parts).
+    # (share, runs, predicted) per part of an entry (timing.step's parts).
     f, R = flags(strategy), cluster.world(ranks)
     per_node = cluster.per_node(ranks)
     used = lambda r, e: held(r['device'], e)
@@ -123,8 +123,8 @@ def _evaluate_one(cfg, batch, ranks, strategy, mbs, inter_node_bw, accumulate, w
                   need=[(used(r, est(r, max(1, mbs))), r['budget']) for r in ranks])
     if not (result['device_ok'] and host_ok):
         return result
-    # Time (clock.py). Under DDP+AC a rank checkpoints if its seconds per sequence are fewer.
-    per_sequence = lambda r, ac, cap: clock.per_sequence(cfg, r, ac, f['shard'], cap)
+    # Time (timing.py). Under DDP+AC a rank checkpoints if its seconds per sequence are fewer.
+    per_sequence = lambda r, ac, cap: timing.per_sequence(cfg, r, ac, f['shard'], cap)
     ac = [f['ac']] * len(ranks)
     if f['ac'] and not f['shard'] and choose:
         plain = [cap(r, 'ddp') for r in ranks]
@@ -134,12 +134,12 @@ def _evaluate_one(cfg, batch, ranks, strategy, mbs, inter_node_bw, accumulate, w
         result['caps'] = caps
     ranks_strategy = [strategy if a else 'ddp' for a in ac] if not f['shard'] else \
         [strategy] * len(ranks)
-    step, parts = clock.step(cfg, batch, ranks, f, caps, ac, accumulate, weights, inter_node_bw)
+    step, parts = timing.step(cfg, batch, ranks, f, caps, ac, accumulate, weights, inter_node_bw)
     result.update(parts=[(i, k) for i, k, _, _ in parts], runs=[rs for *_, rs in parts])
     largest = [max(n for n, k in r if k) for r in result['runs']]
     predicted = [est(ranks[i], max(b, 1), count, ranks_strategy[i])
                  for (i, _), b, count in zip(result['parts'], largest, _counts(result))]
-    peaks = [clock.peak(r, r['dtype']) for r in ranks]
+    peaks = [timing.peak(r, r['dtype']) for r in ranks]
     mfu = costs.mfu(cfg, batch, step, sum(p * r['count'] for p, r in zip(peaks, ranks))
                     if all(peaks) else None)
     result.update(share=[x for _, _, x, _ in parts], predicted=predicted, step=step, mfu=mfu,
@@ -241,13 +241,13 @@ def make_plan(cfg, batch_size, ranks, plan='auto', micro_batch_size=0,
     # ranks: one dict per rank: device 'cuda'|'cpu', gpu (GPUS key or None), mem (device bytes the
     # rank may use; a CPU rank: its share of host memory), host_mem (its node's host bytes, None =
     # not checked), node, overhead (bytes outside PyTorch's allocator; None = default); or one per
-    # kind of identical ranks, with their count and nodes (hetgpt/cluster.py: plan.py's). Every
+    # kind of identical ranks, with their count and nodes (hetgpt/planner/cluster.py: plan.py's). Every
     # candidate that fits is timed; the fastest wins (ties: lower rung). weights: split the batch
     # in proportion to them (balance=even or w1,w2,...) instead of by speed. dtype: train.py's
     # knob: auto (each rank's own, r['dtype'] or native_dtype; one under FSDP, the fastest), one
     # dtype for all, or one per rank (DDP only).
     ranks = _normalise(ranks, memory_fraction)
-    given = str(dtype).replace('torch.', '').split(',')
+    given = dtype_name(dtype).split(',')
     assert plan == 'auto' or plan in STRATEGIES, \
         f"plan={plan!r}: choose auto or one of {', '.join(STRATEGIES)}"
     assert set(given) <= {'auto', *DTYPES}, f"dtype={dtype!r}: auto or some of {DTYPES}"

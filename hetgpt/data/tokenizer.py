@@ -2,11 +2,11 @@
 GPT-2's BPE tokenizer, offline: tiktoken's "gpt2" encoding (the same ids as
 tiktoken.get_encoding("gpt2")), and the same tokenizer written for transformers.
 
-    from hetgpt.tokenizer import gpt2_encoding
+    from hetgpt.data.tokenizer import gpt2_encoding
     enc = gpt2_encoding()                     # enc.encode("Hello world") == [15496, 995]
     save_hf_tokenizer("hf/tiny", 1024)        # vocab.json, merges.txt, tokenizer.json, ...
 
-The two BPE files are kept in the repository (hetgpt/gpt2: OpenAI's encoder.json and vocab.bpe)
+The two BPE files are kept in the repository (hetgpt/data/gpt2: OpenAI's encoder.json and vocab.bpe)
 and read through tiktoken's own loader, which checks them against the sha256 hashes of tiktoken's
 "gpt2" definition: never the network. Importing this file is cheap: tiktoken and transformers are
 imported when used.

@@ -7,30 +7,44 @@ import os
 import signal
 import sys
 
-from hetgpt.errors import die, last_at_exit, say, speaks
-
-STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
-claimed = False  # out_dir locked (rundir.lock): from then on a stop exits through atexit
+from hetgpt.errors import (STOP_SIGNALS, die, last_at_exit, say,
+                           speaks)
 
 
 def starting():
+    """Until training starts, a stop signal ends the process in one line."""
     last_at_exit()  # (registered first: it runs last)
-    for sig in STOPS:
+    for sig in STOP_SIGNALS:
         signal.signal(sig, _stop_while_starting)
 
 
+def claimed():
+    """out_dir is locked (rundir.lock): from here a stop while starting
+    exits through die, so that the lock's at-exit handler releases it."""
+    for sig in STOP_SIGNALS:
+        if signal.getsignal(sig) is _stop_while_starting:
+            signal.signal(sig, _stop_after_claim)
+
+
+def _said(signum):
+    name = signal.Signals(signum).name
+    return f"stopped by {name} while starting; nothing was written"
+
+
+def _stop_after_claim(signum, frame):
+    die(_said(signum))
+
+
 def _stop_while_starting(signum, frame):
-    msg = f"stopped by {signal.Signals(signum).name} while starting; nothing was written"
-    if claimed:
-        die(msg)
-    # Nothing to undo yet: the process ends here, not by SystemExit, which may surface inside
-    # torch's import, where its C++ aborts on it (SIGABRT, seen once in CI). As die: torchrun's
-    # other local ranks leave the line to local rank 0.
+    # Nothing to undo yet: the process ends here, not by SystemExit, which
+    # may surface inside torch's import, where its C++ aborts on it
+    # (SIGABRT, seen once in CI). As die: torchrun's other local ranks
+    # leave the line to local rank 0.
     if speaks():
-        say(f"error: {msg}")
+        say(f"error: {_said(signum)}")
     try:
         sys.stdout.flush()
-    except (OSError, RuntimeError):  # (the signal came inside a write to stdout)
+    except (OSError, RuntimeError):  # (the signal came inside a write)
         pass
     os._exit(2)
 
@@ -40,11 +54,11 @@ class Signals(list):
     def __init__(self, out_dir):
         super().__init__()
         self.out_dir = out_dir
-        for sig in STOPS:
+        for sig in STOP_SIGNALS:
             signal.signal(sig, self.on_signal)
 
     def on_signal(self, signum, frame):
-        from hetgpt.ckpt import checkpoints
+        from hetgpt.run.checkpoint import checkpoints
         self.append(signum)
         if self.count(signal.SIGINT) > 1:
             die(f"interrupted twice: stopped without a checkpoint; the last is "

@@ -3,12 +3,17 @@ The plan checked on the real device before training: each rank runs training ste
 micro-batch cap and measures its peak memory; the caps that failed are halved (after_oom), and
 all probe again.
 """
+import math
+import time
+
 import torch
 
-from hetgpt import hardware, planner
-from hetgpt.ladder import STRATEGIES
+import model as network
+from hetgpt import hardware
 from hetgpt.errors import die
-from hetgpt.group import gather
+from hetgpt.knobs import STRATEGIES
+from hetgpt.planner import costs, search
+from hetgpt.run.process_group import gather
 
 
 def fit_caps(plan, rank, step, device_type, stated, log, compile, by_speed):
@@ -24,7 +29,7 @@ def fit_caps(plan, rank, step, device_type, stated, log, compile, by_speed):
         hardware.return_freed_host_memory()
     caps = plan.caps
     while True:  # (this rank's micro-batches at its cap: as many as the plan gives it, up to 2)
-        count = min(2, len(planner.resplit(plan, caps).sizes[rank]))
+        count = min(2, len(search.resplit(plan, caps).sizes[rank]))
         mine = probe([caps[rank]] * count, plan, rank, step, steps, device_type, stated)
         peaks = gather(mine)
         if all(peaks):
@@ -63,3 +68,30 @@ def probe(sizes, plan, rank, step, steps, device_type, stated):
     except torch.cuda.OutOfMemoryError:
         peak = None
     return peak
+
+
+def host_step_rate(device_type, elements=2**24):
+    # Bytes/s of model.make_optimizer's step on this process's CPU, counted as the planner counts
+    # a step (weights and gradients 16 bytes per element, its state read and written): what an
+    # offloaded step costs on this GPU host, measured by each rank at start-up, all at once (each
+    # with the threads torchrun gives it: OMP_NUM_THREADS=1). 2**24 elements: 256 MB with AdamW's
+    # state, beyond the caches. None on a CPU rank: its planned step is a guess (planner). Either
+    # way it first loads what any step loads (optimizer_state_bytes).
+    costs.optimizer_state_bytes(network.GPTConfig())
+    if device_type != 'cuda':
+        return None
+    net = torch.nn.Module()
+    net.weight = torch.nn.Parameter(torch.zeros(elements // 4096, 4096))
+    net.weight.grad = torch.ones_like(net.weight)
+    optimizers = network.make_optimizer(net, costs.train_knobs())
+    for opt in optimizers:  # (the first step makes the state)
+        opt.step()
+    seconds = math.inf
+    for _ in range(3):  # the fastest of three: a shared machine's noise only slows a step
+        start = time.perf_counter()
+        for opt in optimizers:
+            opt.step()
+        seconds = min(seconds, time.perf_counter() - start)
+    state = costs.storage_bytes([t for opt in optimizers for st in opt.state.values()
+                            for t in st.values() if torch.is_tensor(t) and t.numel() > 1], set())
+    return (16 * elements + 2 * state) / seconds

@@ -22,20 +22,11 @@ import math
 import torch
 import torch.distributed as dist
 
-from hetgpt import clock, cluster
-from hetgpt.costs import counts
 from hetgpt.errors import die
-from hetgpt.group import gather
-from hetgpt.ladder import flags
-
-# The outer step on the host, bytes per parameter (float32): the change (anchor and weight read,
-# the change written: 12), weighted (8), into and out of the exchange buffer (16), the momentum
-# (read it and the change, write it: 12), the anchor (read the change, momentum and anchor, write
-# a sum and the anchor: 20), the weight set (8)
-HOST_BYTES = 76
+from hetgpt.run.process_group import gather
 
 
-class Outer:
+class LocalSteps:
 
     def __init__(self, config, plan, rank, world_size, local_world):
         self.interval, self.world_size = config['outer_interval'], world_size
@@ -136,54 +127,3 @@ class Outer:
             for a, m, p in zip(self.anchor, self.buf, self.params):
                 a.copy_(p.detach())
                 m.zero_()
-
-
-# -----------------------------------------------------------------------------
-# The time of a step with local steps, for the planner (plan.py): each node's step alone, and
-# once per round the exchange over the link.
-def step_times(plan, interval, inter_node_bw=None):
-    # (every step, local steps, exchange) seconds for a plan made by planner.make_plan with
-    # inter_node_bw (as clock.bandwidth reads it): every step, the plan's own step; with local
-    # steps of interval H, the slowest node's step alone (its part of the batch over its ranks, as
-    # the plan splits it) + the exchange / H. The exchange: a ring of the N nodes carries 2(N-1)/N
-    # of 4 bytes per parameter each way over each node's link, through gloo on the host, at the
-    # link's rate (clock.bandwidth) at most gloo's (clock.CPU_COMM_BW); the node's ranks gather the
-    # pieces at its own links' rate; GPU ranks copy the weights to and from the host; the host's
-    # update (HOST_BYTES) at a thread's rate (gpus.HOST_THREAD_BW).
-    # The plan's ranks are parts of entries of identical ranks (hetgpt/cluster.py; one rank each
-    # when train.py plans): a node of a group of nodes alike holds each entry's count / nodes
-    # ranks, timed at the largest share of the entry's parts.
-    from hetgpt.gpus import HOST_THREAD_BW
-    cfg, ranks, f = plan.config, plan.ranks, flags(plan.strategy)
-    n = counts(cfg)['total']
-    parts = {}  # an entry (its node group, its first rank) -> its parts' indices
-    for k, r in enumerate(ranks):
-        parts.setdefault((r['node'], r['rank']), []).append(k)
-    entries = [dict(ranks[ks[0]], count=sum(ranks[k]['count'] for k in ks)) for ks in parts.values()]
-    alone, inside = 0.0, 0.0
-    for node in {r['node'] for r in ranks}:
-        mine, batch, caps, ac, weights = [], 0, [], [], []
-        for (at, _), ks in parts.items():
-            if at != node:
-                continue
-            width = sum(ranks[k]['count'] for k in ks) // ranks[ks[0]]['nodes']
-            k = max(ks, key=lambda k: plan.share[k])
-            mine.append(dict(ranks[k], count=width, nodes=1))
-            batch += width * plan.share[k]
-            caps.append(plan.caps[k])
-            ac.append(plan.ac[k])
-            weights.append(plan.weights[k] if plan.weights else None)
-        if batch:
-            alone = max(alone, clock.step(cfg, batch, mine, f, caps, ac,
-                                          not plan.reduce_every_micro_batch,
-                                          weights if plan.weights else None)[0])
-        L = sum(r['count'] for r in mine)
-        inside = max(inside, (L - 1) / L * 4 * n / clock.bandwidth(mine, None))
-    N = cluster.node_count(entries)
-    link = min(clock.bandwidth(entries, inter_node_bw), clock.CPU_COMM_BW)
-    across = 2 * (N - 1) / N * 4 * n / link if N > 1 else 0.0
-    gpu = [r for r in ranks if r['device'] == 'cuda']
-    copies = max((8 * n / (clock._dev(r)['host'] * 1e9 * clock.PCIE_EFFICIENCY) for r in gpu),
-                 default=0.0)
-    exchange = across + inside + copies + HOST_BYTES * n / (HOST_THREAD_BW * 1e9)
-    return plan.step_time, alone + exchange / max(1, interval), exchange
