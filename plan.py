@@ -157,7 +157,7 @@ def main(argv=None):
     ranks = _cluster(DEFAULT_GPUS if args.gpus is None else args.gpus, args.nodes, args.host_mem,
                      batch, args.cpu_gflops and args.cpu_gflops * 1e9)
     inter_node_bw = args.inter_node_gbs and args.inter_node_gbs * 1e9
-    if args.link_gbit:  # (per rank, as a GPU's NIC: clock.bandwidth sums a node's)
+    if args.link_gbit:  # (per rank, as a GPU's NIC: timing.bandwidth sums a node's)
         inter_node_bw = args.link_gbit * 1e9 / 8 / max(cluster.per_node(ranks).values())
     # the knobs and GPUs hold: now the planner, and torch under it (a mistake above is one line
     # in a tenth of a second, without it)

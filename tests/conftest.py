@@ -33,6 +33,8 @@ CHECK = {
         'a modern block (RMSNorm, rotary, SwiGLU, GQA) edited into model.py alone trains',
     'test_modern_block.py::test_kv_cache_generation_equals_full_recomputation[20]':
         "the modern block's KV cache (grouped-query keys) against full recomputation",
+    'test_layout.py::test_the_planner_imports_nothing_of_the_run_or_the_data':
+        "the house by role: the dry run reaches nothing of the run or the data",
 }
 
 LONGEST = ('test_readme.py::test_make_demo_learns',

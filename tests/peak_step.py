@@ -1,7 +1,7 @@
 """
 Peak memory of one real training step on the CPU against the planner's prediction, for
 tests/test_plan_measured.py. Run in a fresh process, which sets glibc's allocator as train.py does
-on a rank near its memory (decision.Plan.frees_host_memory; hardware.return_freed_host_memory:
+on a rank near its memory (planner.plan.Plan.frees_host_memory; hardware.return_freed_host_memory:
 freed tensors go back to the OS, so that the resident set follows the live tensors).
 usage: python tests/peak_step.py STRATEGY MICRO_BATCH VARIANT [KEY=VALUE ...]  (prints predicted,
 measured bytes). VARIANT: one of test_plan_measured's, or as-is (model.py as it is: an edited copy's,

@@ -100,7 +100,7 @@ def probe_and_steps(out_dir):
 
 # What a rank near its memory states (HETGPT_MEM_GIB, GiB per rank): no room for glibc's slack
 # beside PROBED's peak (0.6-0.7 GiB), so its freed memory goes back to the OS at once and its RSS
-# follows its live tensors (decision.Plan.frees_host_memory), as the plan table says
+# follows its live tensors (planner.plan.Plan.frees_host_memory), as the plan table says
 NEAR = {'HETGPT_MEM_GIB': '1.0'}
 
 
