@@ -6,7 +6,8 @@ rank's compute (c0 seconds per micro-batch, c1 per sequence: what
 hetgpt/planner/balance.py splits by), the optimizer step, and the
 collectives (NCCL's rings, gloo), overlapped as DDP and FSDP2 overlap
 them. The planner times each strategy with it; train.py then measures
-each rank's compute (balance.Speed) and splits the batch again by that.
+each rank's compute (hetgpt/run/speed.py's Speed) and splits the batch
+again by that.
 """
 import functools
 import math
@@ -454,7 +455,7 @@ def step(cfg, batch, ranks, f, caps, ac, accumulate, weights=None,
          inter_node_bw=None):
     """(seconds, parts) of a step of strategy f on these ranks.
 
-    f: ladder.flags. At the ranks' micro-batch caps, each rank computing
+    f: knobs.flags. At the ranks' micro-batch caps, each rank computing
     in its r['dtype'] and checkpointing its blocks or not (ac): the
     batch split by speed (balance.py; by weights if given), each rank's
     micro-batches as runs of equal sizes (balance.runs: at most two),
