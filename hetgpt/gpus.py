@@ -88,7 +88,7 @@ HOST_BW = {'A100-80GB': 409.6, 'A100-40GB': 409.6,
            'V100-32GB': 153.6, 'V100-16GB': 153.6,
            'GH200': 512, 'GH200-144GB': 512}
 # One thread's fused AdamW step (what each rank has under torchrun,
-# OMP_NUM_THREADS=1), as costs.host_step_rate counts it: 25.1-38.9 GB/s in
+# OMP_NUM_THREADS=1), as probe.host_step_rate counts it: 25.1-38.9 GB/s in
 # six runs on this project's CPU machine (an AMD EPYC, torch 2.13;
 # bench/RESULTS.md); the least. A node's step: the lesser of its ranks'
 # threads and its memory.

@@ -132,7 +132,7 @@ def return_freed_host_memory():
     over the planner's prediction at micro-batch 2 (tests/peak_step.py),
     with 16 MiB up to 33%. So it is set only where the RSS must follow the
     live bytes: before the probe step of a rank near its memory
-    (decision.Plan.frees_host_memory), whose steps then pay the fresh
+    (planner.plan.Plan.frees_host_memory), whose steps then pay the fresh
     pages.
     """
     try:
@@ -227,7 +227,7 @@ def this_rank(device_type, rank, local_world, stated=None, host_bw=None):
     memory in use then but not in PyTorch's allocator (CUDA context,
     NCCL's buffers, other processes) is its measured overhead; host_bw:
     its optimizer step's bytes/s on the host CPU, measured
-    (costs.host_step_rate). (host_from: where the host figure came from,
+    (run.probe.host_step_rate). (host_from: where the host figure came from,
     for the plan's table.)
     """
     host = stated_host_memory()

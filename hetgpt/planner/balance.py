@@ -8,7 +8,7 @@ Under DDP each rank runs its own number of micro-batches and the step
 waits for the slowest rank. FSDP2 all-gathers the weights in every
 forward, so there all ranks run the same number of micro-batches
 (lockstep) and each micro-batch waits for its slowest rank. The planner
-splits with predicted speeds (clock.py); train.py re-splits with measured
+splits with predicted speeds (timing.py); train.py re-splits with measured
 ones, through the same functions.
 """
 import bisect
@@ -23,7 +23,7 @@ import numpy as np
 # sequence at a time (their results are the ones tests/test_split.py and
 # tests/test_plan.py pin); their time grows with the batch, about as its
 # square in lockstep (4096 sequences over 4 unlike GPUs: 5 s). A larger
-# batch (up to plan.MAX_BATCH) is split in closed form, in time that does
+# batch (up to knobs.MAX_BATCH) is split in closed form, in time that does
 # not grow with it: the same greedy split computed at once (split_batch),
 # and under lockstep every micro-batch split alike (_split_lockstep).
 EXACT = 2048
@@ -545,7 +545,7 @@ def rebalance(sizes, caps, c0, c1, times, lockstep, gain=0.03):
     batch, count = sum(map(sum, sizes)), None
     if lockstep:
         count = len(sizes[0])
-    shares, new = split(batch, caps, c0, c1, count=count)
+    _, new = split(batch, caps, c0, c1, count=count)
     before = step_time(sizes, c0, c1, lockstep)
     if step_time(new, c0, c1, lockstep) < (1 - gain) * before:
         return new, c1
