@@ -70,9 +70,10 @@ def _stated_gib(name, local_rank, per_rank, most=None):
         return None
     try:
         gib = [float(x) for x in text.split(',')]
-        assert all(0 < x < math.inf for x in gib)
-        assert len(gib) == 1 or (per_rank and len(gib) > local_rank)
-    except (ValueError, AssertionError):
+    except ValueError:
+        gib = []
+    fits = len(gib) == 1 or (per_rank and len(gib) > local_rank)
+    if not (gib and fits and all(0 < x < math.inf for x in gib)):
         if per_rank:
             how = (f"one number or one per local rank "
                    f"(this is local rank {local_rank})")

@@ -170,7 +170,8 @@ def max_token(path, tokens, chunk=1 << 26):
            'blake2b': content_key(path, st.st_size)}
     cache = path + '.max.json'
     try:
-        cached = json.load(open(cache))
+        with open(cache) as f:
+            cached = json.load(f)
         if isinstance(cached, dict):
             if {k: cached.get(k) for k in key} == key:
                 return int(cached['max'])
