@@ -32,11 +32,13 @@ def from_hf(hf_model, **overrides):
         # causal-mask buffers of old HF
         if k.endswith(('.attn.bias', '.attn.masked_bias')):
             continue
-        assert k in ours, f"unexpected HF key {k}"
+        if k not in ours:
+            raise ValueError(f"unexpected HF key {k}")
         if k.endswith(CONV1D):
             v = v.t()
-        assert v.shape == ours[k].shape, \
-            f"{k}: HF {tuple(v.shape)} vs ours {tuple(ours[k].shape)}"
+        if v.shape != ours[k].shape:
+            raise ValueError(f"{k}: HF {tuple(v.shape)} vs ours "
+                             f"{tuple(ours[k].shape)}")
         with torch.no_grad():
             ours[k].copy_(v)
     return model
@@ -84,7 +86,7 @@ def from_pretrained(name, **overrides):
                 f"({oneline(e)})")
     try:
         return from_hf(hf_model, **overrides)
-    except AssertionError as e:
+    except ValueError as e:
         # a transformers model, but not shaped as GPT-2
         die(f"{name} is not a GPT-2 model ({e})")
 

@@ -57,9 +57,11 @@ def lock(out_dir):
                     f"move it away (nothing was touched), or use another "
                     f"out_dir")
             try:
-                owner = json.load(open(path))
-                assert isinstance(owner, dict)
-            except (OSError, ValueError, AssertionError):
+                with open(path) as f:
+                    owner = json.load(f)
+            except (OSError, ValueError):
+                owner = None
+            if not isinstance(owner, dict):
                 # torn by a crash between create and write: nobody's
                 owner = {}
             if owner and not _stale(owner):
@@ -143,7 +145,8 @@ def claim(config, rank):
 def _unlock(path, me):
     """Removes the lock at path if it is still this process's (me)."""
     try:
-        if json.load(open(path)) == me:
-            os.remove(path)
+        with open(path) as f:
+            if json.load(f) == me:
+                os.remove(path)
     except (OSError, ValueError):
         pass
