@@ -21,7 +21,8 @@ CONV1D = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight',
 
 def from_hf(hf_model, **overrides):
     """A GPT from a loaded GPT2LMHeadModel (from the hub, a local
-    directory, or made in a test); overrides: GPTConfig's fields."""
+    directory, or made in a test); overrides: GPTConfig's fields. Raises
+    ValueError when the model is not shaped as GPT-2."""
     hc = hf_model.config
     config = GPTConfig(block_size=hc.n_positions, vocab_size=hc.vocab_size,
                        n_layer=hc.n_layer, n_head=hc.n_head,
