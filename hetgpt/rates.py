@@ -1,12 +1,14 @@
 """
-Measured GEMM rates of an H100 (sm_90), BF16 in and out, TFLOP/s: OpenXLA's default matmul
-performance table, xla/service/gpu/model/matmul_interpolator_data.h (read from tensorflow's
-third_party/xla copy at commit 372d578b), entries b × (m×k @ k×n). The clock (hetgpt/planner/timing.py)
-takes from it how far below a part's best each shape runs. Data only.
+Measured GEMM rates of an H100 (sm_90), BF16 in and out, TFLOP/s: OpenXLA's
+default matmul performance table,
+xla/service/gpu/model/matmul_interpolator_data.h (read from tensorflow's
+third_party/xla copy at commit 372d578b), entries b × (m×k @ k×n). The
+clock (hetgpt/planner/timing.py) takes from it how far below a part's best
+each shape runs. Data only.
 """
 
-# tflops[rows][n][k], rows = b·m: 256 to 4096 the b=1 entries, 8192 the b=2 and 16384 the b=4
-# entries at m=4096; n and k over DIMS
+# tflops[rows][n][k], rows = b·m: 256 to 4096 the b=1 entries, 8192 the b=2
+# and 16384 the b=4 entries at m=4096; n and k over DIMS
 DIMS = (256, 512, 1024, 2048, 4096)
 TFLOPS = {
     256: ((6.45, 11.5, 19.5, 31.1, 84.3),
@@ -45,5 +47,6 @@ TFLOPS = {
             (458.5, 607.5, 687.9, 759.3, 808.7),
             (503.9, 619.9, 725.5, 764.6, 793.1)),
 }
-GEMM_SM90 = dict(rows=tuple(TFLOPS), dims=DIMS, tflops=tuple(TFLOPS.values()),
-                 best=max(x for t in TFLOPS.values() for row in t for x in row))
+GEMM_SM90 = dict(
+    rows=tuple(TFLOPS), dims=DIMS, tflops=tuple(TFLOPS.values()),
+    best=max(x for t in TFLOPS.values() for row in t for x in row))

@@ -1,7 +1,7 @@
 """
 The planner's GPU clock (hetgpt/planner/timing.py), kind of work by kind of work: each expected value is
 computed here from the figure the clock cites (a table entry, a micro-benchmark, a datasheet),
-and the work it times (hetgpt/costs.work) against the model's own arithmetic.
+and the work it times (hetgpt/planner/costs.work) against the model's own arithmetic.
 """
 import pytest
 

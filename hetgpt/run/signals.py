@@ -1,7 +1,8 @@
 """
-Stop signals: Ctrl-C, preemption (SIGTERM) or Slurm's warning (SIGUSR1). While starting, one line
-and nothing written; while training, noted, and the run checkpoints at the end of the step.
-(Imported before torch: a signal may come while torch is imported.)
+Stop signals: Ctrl-C, preemption (SIGTERM) or Slurm's warning (SIGUSR1).
+While starting, one line and nothing written; while training, noted, and
+the run checkpoints at the end of the step. (Imported before torch: a
+signal may come while torch is imported.)
 """
 import os
 import signal
@@ -27,19 +28,25 @@ def claimed():
 
 
 def _said(signum):
+    """What a stop by signal signum while starting says."""
     name = signal.Signals(signum).name
     return f"stopped by {name} while starting; nothing was written"
 
 
 def _stop_after_claim(signum, frame):
+    """A stop while starting, out_dir claimed: die, whose exit runs the
+    at-exit handlers (the lock's)."""
     die(_said(signum))
 
 
 def _stop_while_starting(signum, frame):
-    # Nothing to undo yet: the process ends here, not by SystemExit, which
-    # may surface inside torch's import, where its C++ aborts on it
-    # (SIGABRT, seen once in CI). As die: torchrun's other local ranks
-    # leave the line to local rank 0.
+    """A stop while starting: one line, then os._exit(2).
+
+    Nothing to undo yet: the process ends here, not by SystemExit, which
+    may surface inside torch's import, where its C++ aborts on it
+    (SIGABRT, seen once in CI). As die: torchrun's other local ranks
+    leave the line to local rank 0.
+    """
     if speaks():
         say(f"error: {_said(signum)}")
     try:
@@ -50,23 +57,32 @@ def _stop_while_starting(signum, frame):
 
 
 class Signals(list):
-    # From here a signal checkpoints at the end of the step; a second Ctrl-C stops at once.
+    """The stop signals this rank got while training, in order.
+
+    From here a signal checkpoints at the end of the step; a second
+    Ctrl-C stops at once.
+    """
+
     def __init__(self, out_dir):
+        """Takes the stop signals (out_dir: the run's, whose last
+        checkpoint a second Ctrl-C names)."""
         super().__init__()
         self.out_dir = out_dir
         for sig in STOP_SIGNALS:
             signal.signal(sig, self.on_signal)
 
     def on_signal(self, signum, frame):
+        """Notes signal signum; a second SIGINT ends the run at once."""
         from hetgpt.run.checkpoint import checkpoints
         self.append(signum)
         if self.count(signal.SIGINT) > 1:
-            die(f"interrupted twice: stopped without a checkpoint; the last is "
-                f"{(checkpoints(self.out_dir) or ['none'])[-1]}")
+            last = (checkpoints(self.out_dir) or ['none'])[-1]
+            die(f"interrupted twice: stopped without a checkpoint; "
+                f"the last is {last}")
 
     def agreed(self):
-        # Whether any rank has a signal: it may reach the ranks at different steps. (A host
-        # tensor: gloo, no wait for the GPU.)
+        """Whether any rank has a signal: it may reach the ranks at
+        different steps. (A host tensor: gloo, no wait for the GPU.)"""
         import torch
         import torch.distributed as dist
         stop = torch.tensor(len(self))

@@ -14,39 +14,66 @@ from hetgpt.run.process_group import gather
 
 
 class Speed:
-    # Each rank's compute seconds, measured as it trains, and the split of the batch they call for:
-    # train.py calls measure() once at start-up, start() and end() around each step, forward()
-    # around each forward, and report() at each log line. A rank's compute is (3 + ac) × its
-    # forwards' seconds (a backward is about two forwards, plus one when it recomputes), less
-    # FSDP's waits: its pre-hook on a module waits for the all-gather of its weights, that is, for
-    # the slowest rank. Timed on CPU always; on CUDA (reading an event synchronises) only in the
-    # few steps before a rebalance.
-    def __init__(self, device_type, rank, world_size, ac, interval, lockstep, model, log):
-        self.cuda, self.rank, self.world_size = device_type == 'cuda', rank, world_size
-        self.factor, self.interval, self.lockstep, self.log = 3 + ac, interval, lockstep, log
-        self.timing, self.marks, self.c0, self.c1 = False, [], None, None
-        self.busy = [0.0, 0.0]  # smoothed (compute, whole step) seconds of this rank
-        def wait(module, args):  # (a hook that returns something replaces the args)
+    """Each rank's compute seconds, measured as it trains, and the split
+    of the batch they call for.
+
+    train.py calls measure() once at start-up, start() and end() around
+    each step, forward() around each forward, and report() at each log
+    line. A rank's compute is (3 + ac) × its forwards' seconds (a backward
+    is about two forwards, plus one when it recomputes), less FSDP's
+    waits: its pre-hook on a module waits for the all-gather of its
+    weights, that is, for the slowest rank. Timed on CPU always; on CUDA
+    (reading an event synchronises) only in the few steps before a
+    rebalance.
+    """
+
+    def __init__(self, device_type, rank, world_size, ac, interval,
+                 lockstep, model, log):
+        """Hooks a mark before and after each FSDP module's pre-hook."""
+        self.cuda = device_type == 'cuda'
+        self.rank, self.world_size = rank, world_size
+        self.factor, self.interval = 3 + ac, interval
+        self.lockstep, self.log = lockstep, log
+        self.timing, self.marks = False, []
+        self.c0, self.c1 = None, None
+        # smoothed (compute, whole step) seconds of this rank
+        self.busy = [0.0, 0.0]
+
+        def wait(module, args):
+            """A mark, while timing. (A hook that returns something
+            replaces the args: this one returns None.)"""
             if self.timing:
                 self.marks.append(self.stamp())
         wait = torch.compiler.disable(wait)
-        for m in model.modules():  # (FSDP's pre-hook was prepended: this one runs before it)
+        # (FSDP's pre-hook was prepended: this one runs before it)
+        for m in model.modules():
             if hasattr(m, 'set_requires_gradient_sync'):
                 m.register_forward_pre_hook(wait, prepend=True)
                 m.register_forward_pre_hook(wait)
 
-    def stamp(self):  # now, by the host's clock, or (CUDA) an event in this rank's GPU work
+    def stamp(self):
+        """Now, by the host's clock, or (CUDA) an event in this rank's GPU
+        work."""
         if not self.cuda:
             return time.perf_counter()
-        return torch.cuda.current_stream().record_event(torch.cuda.Event(enable_timing=True))
+        event = torch.cuda.Event(enable_timing=True)
+        return torch.cuda.current_stream().record_event(event)
 
-    def seconds(self, a, b):  # from stamp a to b (CUDA: waits for b)
-        return b.synchronize() or a.elapsed_time(b) / 1000 if self.cuda else b - a
+    def seconds(self, a, b):
+        """The seconds from stamp a to b (CUDA: waits for b)."""
+        if not self.cuda:
+            return b - a
+        b.synchronize()
+        return a.elapsed_time(b) / 1000
 
     @contextmanager
     def forward(self):
-        # marks: [start, wait start, wait end, ..., end] of each timed forward, read after the
-        # step (so that on CUDA the host does not wait for the forward before the backward)
+        """Marks a forward's start and end, while timing.
+
+        marks: [start, wait start, wait end, ..., end] of each timed
+        forward, read after the step (so that on CUDA the host does not
+        wait for the forward before the backward).
+        """
         if self.timing:
             self.marks.append(self.stamp())
         yield
@@ -54,14 +81,21 @@ class Speed:
             self.marks.append(self.stamp())
 
     def compute(self):
-        # the timed forwards' seconds, less their waits, × factor; marks pair up as (start, wait
-        # start), (wait end, next wait start), ..., (last wait end, end)
+        """The timed forwards' seconds, less their waits, × factor.
+
+        marks pair up as (start, wait start), (wait end, next wait
+        start), ..., (last wait end, end).
+        """
         m, self.marks = self.marks, []
         return self.factor * sum(map(self.seconds, m[::2], m[1::2]))
 
     def measure(self, cap, run):
-        # This rank's c0, c1 from forward-backwards (run(sizes)) of half its cap (twice: the first
-        # warms up) and its cap; then every rank's. Returns (c0, c1), a tuple per rank.
+        """This rank's c0, c1, then every rank's: (c0, c1), a tuple per
+        rank.
+
+        From forward-backwards (run(sizes)) of half its cap (twice: the
+        first warms up) and its cap.
+        """
         sizes = (max(1, cap // 2), max(1, cap // 2), cap)
         times = []
         for b in sizes:
@@ -74,28 +108,42 @@ class Speed:
         return self.c0, self.c1
 
     def start(self, it):
+        """Before step it: whether to time it, and its first stamp."""
         self.timing = self.world_size > 1 and (
             not self.cuda or it % self.interval >= self.interval - 5)
-        self.t_step = self.stamp() if self.timing else None
+        self.t_step = None
+        if self.timing:
+            self.t_step = self.stamp()
 
     def end(self, it, sizes, caps):
-        # After step it-1 (it: steps done): smoothed times; every `interval` steps, the split
-        # refitted to every rank's measured compute (rebalance). Returns the sizes to run next.
+        """The sizes to run next, after step it-1 (it: steps done).
+
+        Smoothed times; every `interval` steps, the split refitted to
+        every rank's measured compute (rebalance).
+        """
         if self.timing:
-            now = [self.compute(), self.seconds(self.t_step, self.stamp())]
-            self.busy = [0.7 * b + 0.3 * n for b, n in zip(self.busy, now)]
+            now = [self.compute(),
+                   self.seconds(self.t_step, self.stamp())]
+            self.busy = [0.7 * b + 0.3 * n
+                         for b, n in zip(self.busy, now)]
         self.timing = False
         if self.c0 is None or it % self.interval:
             return sizes
         times = gather(self.busy[0])
-        new, self.c1 = rebalance(sizes, caps, self.c0, self.c1, times, self.lockstep)
+        new, self.c1 = rebalance(sizes, caps, self.c0, self.c1, times,
+                                 self.lockstep)
         if new != sizes:
-            self.log(f"iter {it}: rebalanced {list(map(sum, sizes))} -> {list(map(sum, new))}")
+            self.log(f"iter {it}: rebalanced {list(map(sum, sizes))} -> "
+                     f"{list(map(sum, new))}")
         return new
 
     def report(self, ran, mfu):
-        # What each rank ran in its last step (ran: its micro-batches), its idle fraction, and
-        # mfu(sequences, seconds, rank): its MFU on its own peak (None: unknown)
+        """Logs what each rank ran in its last step, its idle fraction
+        and its MFU.
+
+        ran: this rank's micro-batches. mfu(sequences, seconds, rank): a
+        rank's MFU on its own peak (None: unknown).
+        """
         if self.world_size == 1 or self.busy[1] <= 0:
             return
         parts = []
@@ -109,13 +157,23 @@ class Speed:
 
 
 class MFU:
-    # train.py's: mfu(sequences, seconds, r) on rank r's peak (its GPU in its dtype), or on all
-    # ranks' together (r None); None where a peak is unknown (a CPU)
+    """train.py's mfu(sequences, seconds, r): on rank r's peak (its GPU in
+    its dtype), or on all ranks' together (r None); None where a peak is
+    unknown (a CPU)."""
+
     def __init__(self, cfg, ranks, dtypes):
+        """cfg: the model's; ranks: each rank's hardware; dtypes: each
+        rank's compute dtype."""
         self.cfg = cfg
-        self.peaks = [peak_flops(r['gpu'], d) for r, d in zip(ranks, dtypes)]
+        self.peaks = [peak_flops(r['gpu'], d)
+                      for r, d in zip(ranks, dtypes)]
 
     def __call__(self, sequences, seconds, r=None):
-        peak = (self.peaks[r] if r is not None else
-                sum(self.peaks) if all(self.peaks) else None)
+        """The MFU of sequences in seconds, on rank r's peak or all's."""
+        if r is not None:
+            peak = self.peaks[r]
+        elif all(self.peaks):
+            peak = sum(self.peaks)
+        else:
+            peak = None
         return mfu(self.cfg, sequences, seconds, peak)

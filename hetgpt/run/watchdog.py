@@ -1,9 +1,11 @@
 """
-The watchdog: a rank that stops (SIGSTOP, a swapped-out host, a frozen GPU) leaves the others waiting
-in a collective, by default for 30 minutes. Each rank's thread bumps a counter in the rendezvous
-store every few seconds; when this rank's main thread has made no progress for `limit` seconds,
-it looks for counters that stopped moving, names those ranks and ends this process, so that
-torchrun (--max-restarts) restarts the group from the last checkpoint.
+The watchdog: a rank that stops (SIGSTOP, a swapped-out host, a frozen
+GPU) leaves the others waiting in a collective, by default for 30 minutes.
+Each rank's thread bumps a counter in the rendezvous store every few
+seconds; when this rank's main thread has made no progress for `limit`
+seconds, it looks for counters that stopped moving, names those ranks and
+ends this process, so that torchrun (--max-restarts) restarts the group
+from the last checkpoint.
 """
 import os
 import socket
@@ -15,67 +17,90 @@ from hetgpt.errors import say
 
 
 class Watchdog:
+    """This rank's watchdog thread, and the progress it watches."""
 
     def __init__(self, store, rank, world_size, timeout, limit_factor):
-        # store None or timeout 0: no watchdog (one process has nobody to wait for)
-        self.store, self.rank, self.world_size = store, rank, world_size
+        """Starts the thread. store None or timeout 0: no watchdog (one
+        process has nobody to wait for)."""
+        self.store, self.rank = store, rank
+        self.world_size = world_size
         self.timeout, self.limit = timeout, timeout * limit_factor
         self.period = max(0.2, min(5.0, timeout / 8))
-        self.last, self.stopped, self.thread = time.monotonic(), threading.Event(), None
+        self.last = time.monotonic()
+        self.stopped, self.thread = threading.Event(), None
         if store is not None and timeout:
-            store.set(f'who/{rank}', f"{socket.gethostname()} pid {os.getpid()}")
+            who = f"{socket.gethostname()} pid {os.getpid()}"
+            store.set(f'who/{rank}', who)
             store.add(f'alive/{rank}', 1)
-            self.thread = threading.Thread(target=self._watch, daemon=True)
+            self.thread = threading.Thread(target=self._watch,
+                                           daemon=True)
             self.thread.start()
 
     def stop(self):
-        # Before the process group goes: a thread still in a store call while the interpreter
-        # tears down can abort the process ("terminate called without an active exception").
+        """Ends the thread, before the process group goes: a thread still
+        in a store call while the interpreter tears down can abort the
+        process ("terminate called without an active exception")."""
         self.stopped.set()
         if self.thread:
             self.thread.join()
 
     def progress(self, limit_factor=None):
-        # Called by the main thread as it works. limit_factor: the wait in units of timeout from
-        # now on (more for start-up, with its compiles, and for checkpoint writes); None: as it was.
+        """Called by the main thread as it works.
+
+        limit_factor: the wait in units of timeout from now on (more for
+        start-up, with its compiles, and for checkpoint writes); None: as
+        it was.
+        """
         self.last = time.monotonic()
         if limit_factor is not None:
             self.limit = self.timeout * limit_factor
 
     def _counters(self):
-        return [self.store.add(f'alive/{r}', 0) for r in range(self.world_size)]
+        """Every rank's counter, as the store has it now."""
+        return [self.store.add(f'alive/{r}', 0)
+                for r in range(self.world_size)]
 
     def _watch(self):
+        """The thread: _run, until the store is gone."""
         try:
             self._run()
-        except Exception:  # the store is gone: torchrun itself is ending the job
-            pass
+        except Exception:
+            pass  # the store is gone: torchrun itself is ending the job
 
     def _run(self):
+        """Beats, and ends the process when the main thread stalls."""
         while not self.stopped.wait(self.period):
             self.store.add(f'alive/{self.rank}', 1)
             if time.monotonic() - self.last < self.limit:
                 continue
             before = self._counters()
-            for _ in range(4):  # beat on while the others get three chances to beat
+            # beat on while the others get three chances to beat
+            for _ in range(4):
                 if self.stopped.wait(self.period):
                     return
                 self.store.add(f'alive/{self.rank}', 1)
             if time.monotonic() - self.last < self.limit:
                 continue  # the main thread moved on meanwhile
-            silent = [r for r, a, b in zip(range(self.world_size), before, self._counters())
+            after = self._counters()
+            silent = [r for r, a, b
+                      in zip(range(self.world_size), before, after)
                       if a == b and r != self.rank]
             waited = time.monotonic() - self.last
             if silent:
-                names = ', '.join(f"rank {r} ({self.store.get(f'who/{r}').decode()})"
-                                  for r in silent)
+                names = ', '.join(
+                    f"rank {r} ({self.store.get(f'who/{r}').decode()})"
+                    for r in silent)
                 cause = f"{names} stopped answering"
             elif self.limit > self.timeout:
-                continue  # start-up or a checkpoint: compiles and writes take long on live ranks
+                # start-up or a checkpoint: compiles and writes take
+                # long on live ranks
+                continue
             else:
-                cause = "every rank is alive but none finished its step (a hung device?)"
-            say(f"error: rank {self.rank}: no progress for {waited:.0f} s: {cause}; exiting so "
-                f"that torchrun --max-restarts resumes from the last checkpoint (stall_timeout "
-                f"sets the wait)")
+                cause = ("every rank is alive but none finished its step "
+                         "(a hung device?)")
+            say(f"error: rank {self.rank}: no progress for {waited:.0f} "
+                f"s: {cause}; exiting so that torchrun --max-restarts "
+                f"resumes from the last checkpoint (stall_timeout sets "
+                f"the wait)")
             sys.stdout.flush()
             os._exit(2)
