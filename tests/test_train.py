@@ -359,5 +359,5 @@ def test_per_group_learning_rates_keep_their_ratio_through_warmup_and_decay(tmp_
                                             (90000, '1d01h')])
 def test_the_eta_shows_two_units_truncated(seconds, shown):
     # 3,000 s is 50 minutes (not "1h50m"); the larger unit first, the smaller truncated
-    from hetgpt.run.metrics import duration
+    from hetgpt.planner.plan import duration
     assert duration(seconds) == shown

@@ -119,8 +119,9 @@ def _fake(cfg, param_dtype, rest=False):
     torch.set_default_dtype(param_dtype)
     try:
         block = network.Block(cfg)
-        return (block, network.GPT(replace(cfg, n_layer=0))) \
-            if rest else block
+        if not rest:
+            return block
+        return block, network.GPT(replace(cfg, n_layer=0))
     finally:
         torch.set_default_dtype(default)
 
