@@ -1,8 +1,8 @@
 """The path a large model takes (issue 22), against a one-process run: every rank's initial shard
 (init_device=meta, FSDP, CPU offload, uneven shards), the probe step against the steps that follow
-it, and a rehearsal of the whole path at the largest size this machine holds in two ranks."""
+it, and three steps of fsdp+offload with meta init on three ranks. (The 354M rehearsal of the same
+path that was here is trimmed: tests/README.md names the tests that carry its claims.)"""
 import math
-import re
 
 import pytest
 import torch
@@ -149,37 +149,3 @@ def test_stated_memory_below_the_steps_peak_is_caught_by_the_probe(work):
             assert kept < micro, p.stdout
         else:
             assert kept == micro and 'out of memory in the probe step' not in p.stdout, p.stdout
-
-
-def test_rehearsal_of_the_big_path_on_cpu(work):
-    # The path a 70B model takes, at the size this machine trains in two ranks within a test's
-    # time: GPT-2 medium's shape (354M parameters, 24 × 1024, vocabulary 50304), fsdp+offload,
-    # each rank making its own shard (init_device=meta), 2 steps at lr ~0. Its initial weights are
-    # the one-process function's (hetgpt.init_weights.normal_, keyed by seed and name) on sampled tensors,
-    # its probe step peaks as its steps do, and the steps' peak is the prediction's (the planner:
-    # device and host bytes of a CPU rank together).
-    import torch.distributed.checkpoint as dcp
-    from hetgpt.init_weights import normal_ as draw_normal_
-    args = [a for a in FROZEN if not a.startswith(('--n_layer', '--n_embd', '--n_head', '--batch_size',
-                                                   '--max_iters', '--block_size', '--micro_batch'))]
-    p = run_train(work, *args, '--vocab_size=50304', '--n_layer=24', '--n_embd=1024', '--n_head=16',
-                  '--block_size=64', '--batch_size=4', '--micro_batch_size=2', '--max_iters=2',
-                  '--eval_iters=1', '--plan=fsdp+offload', '--init_device=meta',
-                  '--out_dir=rehearsal', nproc=2, timeout=900, env={'HETGPT_MEM_GIB': '8'})
-    assert near(p.stdout), p.stdout  # (a rank near its memory, as a large model's)
-    n_params = int(re.search(r'([\d,]+) parameters;', p.stdout)[1].replace(',', ''))
-    assert n_params >= 300e6 and 'plan: fsdp+offload (fits)' in p.stdout
-    seed, std, L = 1337, 0.02, 24
-    sampled = {'transformer.wte.weight': ((50304, 1024), std),
-               'transformer.h.0.attn.c_attn.weight': ((3072, 1024), std),
-               'transformer.h.13.mlp.c_fc.weight': ((4096, 1024), std),
-               'transformer.h.23.mlp.c_proj.weight': ((1024, 4096), std / math.sqrt(2 * L))}
-    saved = {name: torch.empty(shape) for name, (shape, _) in sampled.items()}
-    dcp.load({'model': saved}, checkpoint_id=latest_checkpoint(work / 'rehearsal'))
-    for name, (shape, s) in sampled.items():
-        expected = torch.empty(shape)
-        draw_normal_(expected, s, f"{seed}/{name}")
-        # (bit for bit but where lr ~0 still moves a weight: within 1e-29 of zero)
-        torch.testing.assert_close(saved[name], expected, rtol=0, atol=1e-29, msg=name)
-    probe, steps = probe_and_steps(work / 'rehearsal')
-    assert len(steps) == 2 and probe == pytest.approx(max(steps), rel=0.10), (probe, steps)
