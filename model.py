@@ -190,8 +190,9 @@ class GPT(nn.Module):
         # Every parameter and buffer, by its module's type: Linear, Embedding
         # from normal(0, init_std), c_proj's / sqrt(2 * n_layer) (GPT-2's),
         # zero biases; any other by its reset_parameters() (norms, a rotary
-        # table). A draw is a function of (seed, name) alone (hetgpt/init_weights.py);
-        # seed None: torch's; device: where draws run (CUDA's are not CPU's).
+        # table). A draw is a function of (seed, name) alone
+        # (hetgpt/init_weights.py); seed None: torch's; device: where draws
+        # run (CUDA's are not CPU's).
         seed = torch.initial_seed() if seed is None else seed
         done = set()  # (the tied head is wte's weight: drawn once, as wte)
         for name, m in self.named_modules():

@@ -227,7 +227,8 @@ log(run_plan.table(measured))
 resumed = {}
 local.begin(model)  # (local steps: the weights each round starts from)
 if resume_from:
-    resumed, took = checkpoint.load(resume_from, model, optimizers, model_args, local)
+    resumed, took = checkpoint.load(resume_from, model, optimizers,
+                                    model_args, local)
     joined = membership.membership(resumed.get('machines'), machines)
     log(f"resumed from {resume_from} ({took}) at iter {resumed['iter']}{joined}")
     optim.restore_scale(scaler, resumed.get('loss_scale'))  # (float16's)
@@ -236,7 +237,8 @@ best_val = resumed.get('best_val_loss')  # (nanoGPT's saving on a new best)
 best_val = best_val if type(best_val) is float else math.inf
 for note in knobs.notes(config, batch_size, get_lr(max_iters)):
     log(note)  # (a schedule max_iters cuts short; nanoGPT's batch)
-wandb_init = wandb_log and dict(project=wandb_project, name=wandb_run_name, config=config)
+wandb_init = wandb_log and dict(project=wandb_project, name=wandb_run_name,
+                                config=config)
 first = {'iter': iter_num, **run_plan.record(probed)}  # the plan, as probed
 record = metrics.Metrics(out_dir, iter_num, first, wandb_init, master)
 mfu = MFU(replace(model_args, block_size=block_size), ranks, run_plan.dtypes)

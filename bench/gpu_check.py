@@ -55,12 +55,11 @@ from dataclasses import fields
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, 'bench')]
-from hetgpt.planner import costs  # noqa: E402
 from hetgpt import gpus, hardware  # noqa: E402
-from hetgpt.planner import memory  # noqa: E402
-from hetgpt.planner import search  # noqa: E402  (no CUDA is touched here: the runs own the GPU)
-from hetgpt.knobs import configure  # noqa: E402
 from hetgpt.errors import die  # noqa: E402
+from hetgpt.knobs import configure  # noqa: E402
+# (no CUDA is touched here: the runs own the GPU)
+from hetgpt.planner import costs, memory, search  # noqa: E402
 import plan  # noqa: E402
 from model import GPTConfig, config_from  # noqa: E402
 from throughput import measure  # noqa: E402

@@ -29,10 +29,10 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from hetgpt.knobs import configure  # noqa: E402
-from hetgpt.planner import timing, costs, search  # noqa: E402
-from hetgpt import gpus
+from hetgpt import gpus  # noqa: E402
 from hetgpt.errors import die  # noqa: E402
+from hetgpt.knobs import configure  # noqa: E402
+from hetgpt.planner import costs, search, timing  # noqa: E402
 from model import GPTConfig, config_from  # noqa: E402
 
 DTYPES = {'bfloat16': torch.bfloat16, 'float16': torch.float16, 'float32': torch.float32}

@@ -43,10 +43,8 @@ import torch.distributed as dist
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import model as network  # noqa: E402
-from hetgpt.planner import costs  # noqa: E402
-from hetgpt import hardware
-from hetgpt import knobs  # noqa: E402
-from hetgpt.planner import memory, search
+from hetgpt import hardware, knobs  # noqa: E402
+from hetgpt.planner import costs, memory, search  # noqa: E402
 import plan  # noqa: E402
 from hetgpt.knobs import configure, defaults_of  # noqa: E402
 from model import GPT, config_from  # noqa: E402

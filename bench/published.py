@@ -18,7 +18,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from hetgpt.planner import timing, search  # noqa: E402
+from hetgpt.planner import search, timing  # noqa: E402
 from model import GPTConfig  # noqa: E402
 
 LLAMA3_8B = GPTConfig(n_layer=35, n_embd=4096, n_head=32, vocab_size=128256, block_size=8192, bias=False)

@@ -12,8 +12,8 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from hetgpt import errors  # noqa: E402
-from hetgpt.run import optim, parallel
-from hetgpt.planner import search
+from hetgpt.planner import search  # noqa: E402
+from hetgpt.run import optim, parallel  # noqa: E402
 from model import GPT, GPTConfig, make_optimizer  # noqa: E402
 
 strategy, dtypes, out = sys.argv[1:4]

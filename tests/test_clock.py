@@ -5,7 +5,7 @@ and the work it times (hetgpt/planner/costs.work) against the model's own arithm
 """
 import pytest
 
-from hetgpt.planner import timing, costs
+from hetgpt.planner import costs, timing
 from hetgpt.planner.costs import counts
 from model import GPTConfig
 

@@ -14,13 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hetgpt import hardware
-from hetgpt.planner import timing
-from hetgpt.planner import costs
-from hetgpt import gpus
-from hetgpt import knobs
-from hetgpt.planner import memory
-from hetgpt.planner import search
+from hetgpt import gpus, hardware, knobs
+from hetgpt.planner import costs, memory, search, timing
 from hetgpt.planner.cluster import expand
 import plan
 from hetgpt.knobs import configure

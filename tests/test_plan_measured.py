@@ -10,9 +10,7 @@ import torch.nn.functional as F
 import pytest
 
 import model
-from hetgpt.planner import costs
-from hetgpt.planner import memory
-from hetgpt.planner import search
+from hetgpt.planner import costs, memory, search
 from model import GPTConfig
 
 CFG = GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=64, vocab_size=512, bias=False)
