@@ -274,7 +274,7 @@ def validate(it, step_seconds):
 log(f"{raw_model.num_params(False):,} parameters; {world_size} rank(s) on "
     f"{device_type}, {how}; {tokens_per_step:,} tokens per step; "
     f"shares {run_plan.share}")
-stop = signals.Signals(out_dir)  # a signal checkpoints at the step's end
+stop = signals.Signals(out_dir, watchdog)  # checkpoints at the step's end
 dt = run_plan.step_time  # seconds per step: predicted, then measured
 if iter_num == 0 or eval_only:
     val = validate(iter_num, dt)
@@ -285,7 +285,7 @@ if iter_num == 0 or eval_only:
 sizes = run_plan.sizes  # every rank's (rebalanced as measured)
 bad_steps = optim.BadSteps(device, max_bad_steps, out_dir, scaler)
 host_reset = hardware.reset_peaks(device_type)  # the steps' peaks from here
-t_log, steps_since = time.perf_counter(), 0
+t_log, steps_since, status = time.perf_counter(), 0, 0
 loss_acc = torch.zeros((), device=device)
 while iter_num < max_iters and not eval_only:
     torch.manual_seed(seed + 1_000_003 * iter_num + rank)  # (dropout)
@@ -342,12 +342,11 @@ while iter_num < max_iters and not eval_only:
         path, took = checkpoint.save(out_dir, iter_num, model, optimizers, meta,
                                keep_last, local)
         log(f"iter {iter_num}: checkpoint written to {path} ({took})")
-    if stopping:
-        log(f"iter {iter_num}: stopped by a signal; checkpoint saved, "
-            f"init_from=resume continues")
+    if stopping:  # (a signal, or torchrun's agent gone: an error)
+        status = stop.said(iter_num, log)
         break
     t_log += time.perf_counter() - t_pause
     watchdog.progress(limit_factor=1)
 
 record.finish()
-end(0)  # (hetgpt/errors.py: without the interpreter's teardown)
+end(status)  # (hetgpt/errors.py: without the interpreter's teardown)

@@ -161,6 +161,46 @@ def test_a_stopped_rank_is_named_and_torchrun_restarts_the_group_which_resumes(w
     assert time.time() - t_stop < 120  # seconds, not gloo's default 30 minutes
 
 
+def test_ranks_whose_torchrun_agent_is_killed_stop_with_a_checkpoint_that_resumes(work):
+    # kill -9 of torchrun's agent: its ranks (sessions of their own) would train on headless to
+    # max_iters. Each notices its parent gone, they agree, checkpoint at the step's end and exit.
+    out = work / 'orphans'
+    args = RUN + ['--max_iters=100000', '--checkpoint_interval=1000', '--balance=even',
+                  '--stall_timeout=3', f'--out_dir={out.name}']
+    p = subprocess.Popen(train_command(2) + args, cwd=work, env=env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    ranks = {}
+    try:
+        for line in p.stdout:
+            if line.startswith('iter 5: loss'):
+                ranks = rank_pids(p.pid)
+                p.kill()  # the agent alone: the ranks are not in its process group
+                break
+        p.wait()
+        # the pipes close when the last rank has exited (stall_timeout 3 s, and slack)
+        rest, err = p.communicate(timeout=60)
+    finally:
+        for pid in ranks.values():  # (a test that fails leaves no headless rank)
+            if os.path.exists(f'/proc/{pid}'):
+                os.kill(pid, signal.SIGKILL)
+    assert len(ranks) == 2 and all(not alive(pid) for pid in ranks.values())
+    lines = [line for line in err.splitlines() if line.startswith('error: ')]
+    assert len(lines) == 1 and f"torchrun's agent (pid {p.pid}) is gone" in lines[0], err[-3000:]
+    at = int(lines[0].split('stopped at iter ')[1].split()[0])
+    assert latest_checkpoint(out).endswith(f'ckpt_{at:08d}')
+    resumed = run_train(work, *RUN, f'--max_iters={at + 2}', f'--out_dir={out.name}',
+                        '--init_from=resume')
+    assert f'at iter {at}' in resumed.stdout and latest_checkpoint(out).endswith(f'ckpt_{at + 2:08d}')
+
+
+def alive(pid):
+    # Whether process pid runs (a zombie waiting for init to reap it does not)
+    try:
+        return open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[0] != 'Z'
+    except FileNotFoundError:
+        return False
+
+
 # -----------------------------------------------------------------------------
 # 4. One run per out_dir
 def test_a_second_run_on_the_same_out_dir_is_refused_while_the_first_runs(work):

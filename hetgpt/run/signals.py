@@ -60,14 +60,16 @@ class Signals(list):
     """The stop signals this rank got while training, in order.
 
     From here a signal checkpoints at the end of the step; a second
-    Ctrl-C stops at once.
+    Ctrl-C stops at once. So does a rank whose torchrun agent is gone
+    (the watchdog's `gone`), and the run then ends in an error.
     """
 
-    def __init__(self, out_dir):
+    def __init__(self, out_dir, watchdog):
         """Takes the stop signals (out_dir: the run's, whose last
-        checkpoint a second Ctrl-C names)."""
+        checkpoint a second Ctrl-C names; watchdog: this rank's)."""
         super().__init__()
-        self.out_dir = out_dir
+        self.out_dir, self.watchdog = out_dir, watchdog
+        self.orphaned = False  # (agreed: some rank's agent is gone)
         for sig in STOP_SIGNALS:
             signal.signal(sig, self.on_signal)
 
@@ -81,10 +83,30 @@ class Signals(list):
                 f"the last is {last}")
 
     def agreed(self):
-        """Whether any rank has a signal: it may reach the ranks at
-        different steps. (A host tensor: gloo, no wait for the GPU.)"""
+        """Whether any rank has a signal or lost its agent: they may
+        reach the ranks at different steps. (A host tensor: gloo, no
+        wait for the GPU.)"""
         import torch
         import torch.distributed as dist
-        stop = torch.tensor(len(self))
+        gone = self.watchdog.gone is not None
+        stop = torch.tensor([len(self), gone])
         dist.all_reduce(stop)
-        return bool(stop)
+        self.orphaned = bool(stop[1])
+        return bool(stop.sum())
+
+    def said(self, it, log):
+        """The run's last line, stopped at iter it with a checkpoint:
+        log's (a signal), or an error (an agent gone); returns the exit
+        status."""
+        if not self.orphaned:
+            log(f"iter {it}: stopped by a signal; checkpoint saved, "
+                f"init_from=resume continues")
+            return 0
+        why = self.watchdog.gone
+        if why is None:
+            why = "another machine's torchrun agent or store is gone"
+        if speaks():
+            say(f"error: rank {os.environ.get('RANK', 0)}: {why}; "
+                f"stopped at iter {it} with a checkpoint: "
+                f"init_from=resume continues")
+        return 2
