@@ -94,7 +94,7 @@ import torch.distributed as dist
 
 from hetgpt import hardware
 from hetgpt.data import corpus
-from hetgpt.planner import search
+from hetgpt.planner import search, timing
 from hetgpt.planner.plan import duration
 from hetgpt.run import (checkpoint, hf, local_steps, membership, metrics,
                         optim, parallel, probe, process_group, rundir)
@@ -147,6 +147,8 @@ run_plan = search.make_plan(
 if not run_plan.fits:
     die(f"plan={plan} does not fit: {run_plan.advice}")
 local = local_steps.LocalSteps(config, run_plan, rank, world_size, local_world)
+exchange = outer_interval and timing.local_step_times(run_plan, outer_interval)[2]
+knobs.check_run(config, run_plan.step_time, exchange)  # (stall_timeout)
 # The initial weights: a function of (seed, name) under every placement.
 # 'cpu': the whole model on the host first; 'meta': each rank makes its shard.
 torch.manual_seed(seed)

@@ -354,6 +354,40 @@ def notes(config, batch_size, end_lr):
                f"{batch_size} = {c['batch_size']} × that, in sequences")
 
 
+# What the run can do: a knob against the run's own numbers, known once it
+# is planned (train.py). The watchdog ends a rank when its main thread
+# calls no progress for stall_timeout seconds; between two calls (each
+# micro-batch's forward, each evaluation piece's, a step's end) a healthy
+# run spends at most a step (a micro-batch's backward, the optimizer, the
+# reductions; an evaluation piece is a forward of at most a micro-batch)
+# and, with local steps, the outer exchange. STALL_STEPS times that: the
+# prediction's error and a slow moment.
+STALL_STEPS = 3
+
+
+def run_bounds(config, step, exchange=0.0):
+    """knob -> (the least value that works, what it comes from), for the
+    knobs this run bounds. step: the plan's predicted step (seconds);
+    exchange: local steps' outer exchange (seconds; counted only with
+    outer_interval). A knob at 0 is off and has no bound."""
+    if not config['outer_interval']:
+        exchange = 0.0
+    wait = STALL_STEPS * (step + exchange)
+    what = f"a step of this plan is predicted at {step:.3g} s"
+    if exchange:
+        what += f" and local steps' exchange at {exchange:.3g} s"
+    return {'stall_timeout': (wait, what)}
+
+
+def check_run(config, step, exchange=0.0):
+    """Ends in one line when a knob is below what this run needs."""
+    for key, (least, what) in run_bounds(config, step, exchange).items():
+        value = config[key]
+        if value and value < least:
+            die(f"{key}={value} is below what this run needs: {what}; "
+                f"set {key} to at least {math.ceil(least)} (0: off)")
+
+
 # -----------------------------------------------------------------------------
 # The knobs as a script's source writes them: --help, and the defaults
 # plan.py and the planner take from train.py, with nothing of it run

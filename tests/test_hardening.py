@@ -2,6 +2,7 @@
 silent rank ends the job, one run per out_dir, metrics.jsonl survives tearing and full disks, every
 knob is range-checked, signals at any moment, bad token ids at start-up, torn checkpoint metadata."""
 import json
+import math
 import os
 import pickle
 import resource
@@ -429,3 +430,37 @@ def test_a_short_stall_timeout_does_not_end_a_slow_start_up(work):
                   '--stall_timeout=1', '--balance=even', nproc=2, check=False)
     assert p.returncode == 0 and 'no progress' not in p.stderr, p.stderr[-3000:]
     assert latest_checkpoint(out).endswith('ckpt_00000006')
+
+
+def test_a_stall_timeout_below_the_plans_step_is_one_line_before_training(work):
+    # A batch whose predicted step is many times the tiny model's: stall_timeout=1 would end the
+    # healthy run as "a hung device?"; refused after planning, before any step or file.
+    out = work / 'short_stall_refused'
+    p = run_train(work, *RUN, '--batch_size=8192', '--max_iters=2', '--stall_timeout=1',
+                  f'--out_dir={out.name}', check=False)
+    line = one_error_line(p)
+    assert line.startswith('error: stall_timeout=1 ') and 'predicted at' in line
+    assert int(line.split('at least ')[1].split()[0]) > 1
+    assert not out.exists() or snapshot(out) == {}
+
+
+@pytest.mark.parametrize('step,exchange', [(0.4, 0.0), (2.5, 30.0)])
+def test_every_run_bound_refuses_below_its_least_value_and_takes_it(capsys, step, exchange):
+    # knobs.run_bounds: each knob the run bounds, walked: one below the least value it names is
+    # one line naming the knob; that value and 0 (off) pass.
+    defaults = dict(train_defaults(), outer_interval=10)
+    bounds = knobs.run_bounds(defaults, step, exchange)
+    assert bounds
+    for key, (least, _) in bounds.items():
+        named = None
+        for value in (math.ceil(least) - 1, math.ceil(least), 0):
+            config = dict(defaults, **{key: value})
+            if value and value < least:
+                with pytest.raises(SystemExit) as e:
+                    knobs.check_run(config, step, exchange)
+                err = capsys.readouterr().err.strip().splitlines()
+                assert e.value.code == 2 and len(err) == 1 and key in err[0], err
+                named = int(err[0].split('at least ')[1].split()[0])
+            else:
+                knobs.check_run(config, step, exchange)
+        assert named == math.ceil(least) >= step + exchange
