@@ -166,6 +166,7 @@ if __name__ == '__main__':
     if max(ids) >= model.config.vocab_size:  # a toy model with fewer tokens than GPT-2's
         die(f"the prompt has token id {max(ids)}, past this model's vocab_size "
             f"{model.config.vocab_size}")
+    knobs.check_sample(max_new_tokens, model.config.block_size, len(ids))  # (past the block)
     x = torch.tensor([ids], dtype=torch.long, device=device)
 
     # Seeded here, after the model is built, so a seed gives the same text whatever the init path.

@@ -107,13 +107,38 @@ TRAIN = {
     'outer_interval': '[0, 1e9]', 'outer_lr': '> 0',
     'outer_momentum': '[0, 1)'}
 
-# sample.py's knobs (top_k's bound: vocab_size's)
+# sample.py's knobs (top_k's bound: vocab_size's). max_new_tokens: 100,000
+# at most, as generate() keeps a sample in one tensor grown by torch.cat, so
+# n tokens copy n²/2 ids of 8 bytes: 40 GB at 100,000, 4 TB at a million.
 SAMPLE = {
     'init_from': '.+', 'out_dir': '.+', 'start': '',
-    'num_samples': '[1, 1000000]', 'max_new_tokens': '[0, 100000000]',
+    'num_samples': '[1, 1000000]', 'max_new_tokens': '[0, 100000]',
     'temperature': '>= 0', 'top_k': '[0, 16777216]',
     'seed': '[0, 4294967295]', 'device': 'auto|cpu|cuda(:[0-9]+)?|mps',
     'use_kv_cache': '', 'export_hf': ''}
+
+
+# Past the model's block_size generate() crops the context to its last
+# block_size tokens and recomputes the whole of it for every new token (the
+# positions shift: a KV cache would be stale). Those positions, at most
+# 2**30: GPT-2 small's forward over them is 2.7e17 FLOP, minutes of an H100
+# at its peak, weeks of a CPU. (GPT-2's block of 1,024 never meets it under
+# the 100,000 tokens; a block of 16,384 does past 81,919.)
+SAMPLE_POSITIONS = 2**30
+
+
+def check_sample(max_new_tokens, block_size, prompt):
+    """Ends in one line when a sample of max_new_tokens after a prompt of
+    `prompt` tokens recomputes more than SAMPLE_POSITIONS positions past
+    the model's block_size."""
+    past = prompt + max_new_tokens - block_size
+    if past <= 0 or past * block_size <= SAMPLE_POSITIONS:
+        return
+    most = SAMPLE_POSITIONS // block_size + block_size - prompt
+    die(f"max_new_tokens={max_new_tokens}: past this model's block_size="
+        f"{block_size} every new token recomputes the whole block (the "
+        f"context is cropped, no KV cache): {past:,} × {block_size:,} "
+        f"positions, above 2**30; use at most {max(0, most):,}")
 
 
 # -----------------------------------------------------------------------------

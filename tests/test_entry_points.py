@@ -237,6 +237,8 @@ finally:
     ('train.py', ['--batch_size=2', '--gradient_accumulation_steps=16777216'],
      'gradient_accumulation_steps=16777216: the global batch'),
     ('sample.py', ['--num_samples=0'], 'num_samples=0: must be in [1, 1000000]'),
+    ('sample.py', ['--max_new_tokens=100000000'],
+     'max_new_tokens=100000000: must be in [0, 100000]'),
     ('plan.py', ['configs/gpt_tiny.py', '--n_layer=0'], 'n_layer=0: must be in [1, 100000]'),
     ('plan.py', ['configs/gpt_tiny.py', '--gpus=2xA100'], 'which A100?'),
 ])

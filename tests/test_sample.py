@@ -276,3 +276,40 @@ def test_damaged_checkpoint(run, tmp_path, how):
     # as init_from=resume finds it: the latest in out_dir
     assert f'checkpoint {ckpt} is damaged (' in mistake(sample(f'--out_dir={tmp_path}'))
     assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == before
+
+
+@pytest.mark.parametrize('block_size,prompt', [(16384, 1), (65536, 70000), (1024, 1)])
+def test_max_new_tokens_past_the_block_is_bounded_by_the_positions_it_recomputes(block_size, prompt,
+                                                                                capsys):
+    # Past block_size every new token recomputes the whole block (generate crops, no cache): the
+    # largest max_new_tokens that check_sample takes is the one whose positions past the block stay
+    # within knobs.SAMPLE_POSITIONS; one more is one line naming it. The static cap (SAMPLE's rule)
+    # is walked by test_every_knob_has_a_rule_and_every_rule_holds.
+    from hetgpt import knobs
+    cap = int(knobs.SAMPLE['max_new_tokens'].strip('[]').split(',')[1])
+    fits = [n for n in (0, 1, cap // 2, cap) if (prompt + n - block_size) * block_size
+            <= knobs.SAMPLE_POSITIONS]
+    for n in fits:
+        knobs.check_sample(n, block_size, prompt)
+    if len(fits) == 4:
+        return  # (this block never meets the bound under the cap)
+    with pytest.raises(SystemExit):
+        knobs.check_sample(cap, block_size, prompt)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith('error: max_new_tokens=') and 'block_size' in err[0]
+    most = int(err[0].split('use at most ')[1].replace(',', ''))
+    assert (prompt + most - block_size) * block_size <= knobs.SAMPLE_POSITIONS
+    assert (prompt + most + 1 - block_size) * block_size > knobs.SAMPLE_POSITIONS
+    knobs.check_sample(most, block_size, prompt)
+
+
+def test_max_new_tokens_past_the_block_end_to_end(tmp_path):
+    # A model of block 16,384: 100,000 new tokens recompute the whole block 83,617 times. One line
+    # once the checkpoint is read (after the one saying which), nothing sampled. (The static cap,
+    # before torch loads: test_entry_points test_a_knob_mistake_is_answered_before_torch_loads.)
+    make_checkpoint(str(tmp_path), block_size=16384, vocab_size=300, n_layer=1, n_head=1, n_embd=8)
+    r = sample(f'--out_dir={tmp_path}', '--max_new_tokens=100000', '--device=cpu')
+    lines = r.stderr.splitlines()
+    assert r.returncode == 2 and len(lines) == 2 and lines[0].startswith('loaded '), r.stderr
+    assert lines[1].startswith('error: max_new_tokens=100000: ') and 'block_size=16384' in lines[1]
+    assert r.stdout == '' and 'Traceback' not in r.stderr
