@@ -102,7 +102,8 @@ class Signals(list):
             log(f"iter {it}: stopped by a signal; checkpoint saved, "
                 f"init_from=resume continues")
             return 0
-        why = self.watchdog.gone
+        # (this rank's own reason, if its thread has not seen it yet)
+        why = self.watchdog.gone or self.watchdog.agent_gone()
         if why is None:
             why = "another machine's torchrun agent or store is gone"
         if speaks():

@@ -81,12 +81,12 @@ class Watchdog:
             # get another parent: a moment to tell the two apart)
             if self.stopped.wait(self.period):
                 return  # (the process is ending)
-            why = self._agent()
+            why = self.agent_gone()
             if why is None:
                 why = f"torchrun's store is gone ({oneline(e)[:80]})"
             self._orphaned(why)
 
-    def _agent(self):
+    def agent_gone(self):
         """Why the agent is gone, or None while it runs."""
         if self.parent is None or os.getppid() == self.parent:
             return None
@@ -110,8 +110,8 @@ class Watchdog:
     def _run(self):
         """Beats, and ends the process when the main thread stalls."""
         while not self.stopped.wait(self.period):
-            if self._agent():
-                return self._orphaned(self._agent())
+            if self.agent_gone():
+                return self._orphaned(self.agent_gone())
             if self.store is None:
                 continue  # (one rank under torchrun: the agent only)
             self.store.add(f'alive/{self.rank}', 1)
