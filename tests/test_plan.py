@@ -705,3 +705,34 @@ def test_what_each_gpu_kind_adds_and_the_dtype_each_computes_in(capsys):
     said = float(re.search(r'^--dtype=auto \(here and in train.py\) would give \+([\d.]+)% '
                            r'tokens/s$', out, re.M)[1]) / 100
     assert said == pytest.approx(gain - 1, abs=0.03)
+
+
+# Local steps (outer_interval > 0) run a whole model on every rank (knobs.refuses_local_steps):
+# (config, GPU, count, per node, memory_fraction) where every step's plan=auto shards the model.
+# gpt_111m on 8 A100s: fsdp-noreshard is faster, ddp fits; gpt_1p3b on two 4090s at 0.7 of their
+# memory: only sharded does its 16 bytes a parameter fit.
+LOCAL_PLANS = [('gpt_111m', 'A100-80GB', 8, 8, 1.0), ('gpt_1p3b', 'RTX4090', 2, 1, 0.7)]
+
+
+@pytest.mark.parametrize('name,gpu,count,per_node,fraction', LOCAL_PLANS,
+                         ids=[r[0] for r in LOCAL_PLANS])
+def test_plan_auto_with_local_steps_plans_a_whole_model(name, gpu, count, per_node, fraction,
+                                                         capsys):
+    cfg, batch = load(name)
+    ranks = cluster(gpu, count, 1024, per_node)
+    every = search.make_plan(cfg, batch, ranks, memory_fraction=fraction)
+    assert every.fits and every.shard, every.strategy
+    p = search.make_plan(cfg, batch, ranks, memory_fraction=fraction, outer_interval=5)
+    assert not p.shard and {s for s, _, _ in p.candidates} == {'ddp', 'ddp+ac'}, p.candidates
+    whole = 16 * exact_params(cfg) < fraction * budget(gpu)  # (AdamW's states on one rank)
+    assert p.fits == whole, (p.strategy, p.advice)
+    if not p.fits:  # what does fit, said
+        assert f"outer_interval=0 fits ({every.strategy})" in p.advice, p.advice
+        assert p.needs['outer_interval'] == 0
+    # a plan named that shards: one line, the fix in it
+    with pytest.raises(SystemExit) as e:
+        search.make_plan(cfg, batch, ranks, plan=every.strategy, outer_interval=5)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count('\n') == 1, err
+    assert f"plan={every.strategy} with outer_interval=5" in err and 'outer_interval=0' in err
+
