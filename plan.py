@@ -19,7 +19,8 @@ from collections import Counter
 from hetgpt import knobs
 from hetgpt.errors import die
 from hetgpt.gpus import GPUS, peak_flops
-from hetgpt.knobs import DTYPES, STRATEGIES, configure, defaults_of, model_defaults
+from hetgpt.knobs import (DTYPES, STRATEGIES, configure, defaults_of, model_defaults,
+                          refuses_local_steps)
 from hetgpt.planner import cluster
 
 DEFAULT_GPUS = '1xH200'
@@ -156,6 +157,10 @@ def main(argv=None):
                                   config['micro_batch_size'])
     ranks = _cluster(DEFAULT_GPUS if args.gpus is None else args.gpus, args.nodes, args.host_mem,
                      batch, args.cpu_gflops and args.cpu_gflops * 1e9)
+    why = refuses_local_steps(None, cluster.per_node(ranks).values())
+    if config['outer_interval'] and why:  # (train.py would refuse the run)
+        die(f"--outer_interval={config['outer_interval']} on {cluster.node_count(ranks)} nodes: "
+            f"{why}; {_even(ranks)}, or --outer_interval=0")
     inter_node_bw = args.inter_node_gbs and args.inter_node_gbs * 1e9
     if args.link_gbit:  # (per rank, as a GPU's NIC: timing.bandwidth sums a node's)
         inter_node_bw = args.link_gbit * 1e9 / 8 / max(cluster.per_node(ranks).values())
@@ -166,7 +171,8 @@ def main(argv=None):
     from model import config_from
     planned = lambda ranks, dtype=args.dtype: make_plan(
         config_from(config), batch, ranks, plan=args.plan, micro_batch_size=micro,
-        memory_fraction=config['memory_fraction'], dtype=dtype, inter_node_bw=inter_node_bw)
+        memory_fraction=config['memory_fraction'], dtype=dtype, inter_node_bw=inter_node_bw,
+        outer_interval=config['outer_interval'])
     p = planned(ranks)
     if args.gpus is None:
         print(f"no --gpus given: planned for {DEFAULT_GPUS}; choose with --gpus, e.g. "
@@ -180,7 +186,7 @@ def main(argv=None):
         for line in choices(p, ranks, args.dtype, planned):
             print(line)
     if p.fits and p.step_time and cluster.node_count(ranks) > 1:
-        print(local_steps(p, config['outer_interval'], inter_node_bw, args.link_gbit))
+        print(local_steps(p, ranks, config['outer_interval'], inter_node_bw, args.link_gbit))
     if p.fits and all(r['device'] == 'cuda' for r in ranks):
         print(launch(ranks, args.config + rest))
     print(f"({time.time() - t0:.1f} s)")
@@ -215,15 +221,24 @@ def choices(p, ranks, dtype, planned):
                    f"{q.tokens_per_sec / p.tokens_per_sec - 1:+.1%} tokens/s")
 
 
-def local_steps(p, interval, inter_node_bw, link_gbit):
+def _even(ranks):
+    # The --nodes that give every node as many ranks (local steps' layout), beyond one
+    R = cluster.world(ranks)
+    even = sorted({d for k in range(1, math.isqrt(R) + 1) if R % k == 0 for d in (k, R // k)})
+    return f"give --nodes one of {', '.join(map(str, even[1:]))}"
+
+
+def local_steps(p, ranks, interval, inter_node_bw, link_gbit):
     # Local steps (hetgpt/run/local_steps.py) against every step, as predicted (timing.local_step_times):
-    # at outer_interval if set, else
-    # at DiLoCo's H
+    # at outer_interval if set, else at DiLoCo's H. Where train.py would refuse them (the plan's
+    # strategy, the ranks per node: knobs.refuses_local_steps), why, and what would do.
     from hetgpt.planner.timing import local_step_times
     H = interval or DILOCO_H
+    why = refuses_local_steps(p.strategy, cluster.per_node(ranks).values())
     if p.shard:
-        return (f"local steps (outer_interval): not for this plan, {p.strategy}: they need a "
-                f"whole model on every rank (plan ddp or ddp+ac)")
+        return f"local steps (outer_interval): not for this plan: {why}; --outer_interval=H plans one"
+    if why:
+        return f"local steps (outer_interval): not for this layout: {why}; {_even(ranks)}"
     every, local, exchange = local_step_times(p, H, inter_node_bw)
     alone = local - exchange / H
     return (f"local steps, outer_interval={H}" + ('' if interval else

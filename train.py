@@ -143,7 +143,7 @@ ranks = gather(hardware.this_rank(device_type, rank, local_world, stated, host_b
 run_plan = search.make_plan(
     model_args, batch_size, ranks, plan=plan, micro_batch_size=micro_batch_size,
     memory_fraction=memory_fraction, dtype=dtype, weights=weights,
-    init_device='cpu' if pretrained else init_device)
+    init_device='cpu' if pretrained else init_device, outer_interval=outer_interval)
 if not run_plan.fits:
     die(f"plan={plan} does not fit: {run_plan.advice}")
 local = local_steps.LocalSteps(config, run_plan, rank, world_size, local_world)
@@ -215,8 +215,8 @@ def probe_step(sizes):  # a step that changes nothing: zero gradients, lr 0
 
 
 # The plan checked on the real device (hetgpt/run/probe.py), then the split by
-# each rank's measured speed (unless balance= gives it)
-by_speed = weights is None and world_size > 1
+# each rank's measured speed (balance=auto, no local steps)
+by_speed = weights is None and world_size > 1 and not outer_interval
 with optim.frozen(optimizers):
     caps, measured, probed = probe.fit_caps(
         run_plan, rank, probe_step, device_type, stated, log, compile, by_speed)

@@ -51,6 +51,26 @@ def flags(strategy):
                 reshard_after_forward=shard and strategy != 'fsdp-noreshard')
 
 
+def refuses_local_steps(strategy, node_ranks=()):
+    """Why local steps (outer_interval > 0, hetgpt/run/local_steps.py)
+    cannot run a plan of strategy on nodes of node_ranks ranks each; ''
+    where they can (strategy None: the layout alone).
+
+    They average whole models across nodes (no shards), local rank i of
+    each node carrying piece i to its peers: as many ranks on every node.
+    The one rule: make_plan, plan.py and LocalSteps ask it.
+    """
+    if strategy and flags(strategy)['shard']:
+        return (f"local steps average whole models across nodes, "
+                f"which {strategy} shards (they need plan ddp or ddp+ac)")
+    counts = sorted(set(node_ranks), reverse=True)
+    if len(counts) > 1:
+        return (f"local steps need as many ranks on every node "
+                f"(torchrun's --nproc_per_node), not "
+                f"{' and '.join(map(str, counts))}")
+    return ''
+
+
 def dtype_name(dtype):
     """'bfloat16' for torch.bfloat16 or 'bfloat16': a dtype as the knob says it."""
     return str(dtype).replace('torch.', '')

@@ -10,8 +10,8 @@ import shutil
 import pytest
 
 from nodes import loopback, ok
-from trainer import (TINY, latest_checkpoint, load_params, make_dataset, max_rel_diff, one_error_line,
-                     run_train, train_defaults, train_losses)
+from trainer import (ROOT, TINY, latest_checkpoint, load_params, make_dataset, max_rel_diff, metrics,
+                     one_error_line, run_train, train_defaults, train_losses)
 
 # 2 machines; rounds end at steps 3 and 5 (the end); checkpoints at 4 (in a round) and 5
 COMMON = TINY + ['--batch_size=8', '--max_iters=5', '--eval_interval=100', '--decay_lr=False',
@@ -116,6 +116,37 @@ def test_local_steps_refuse_a_sharded_plan(tmp_path):
     line = one_error_line(p)
     assert 'outer_interval=3' in line and 'plan ddp or ddp+ac' in line, line
     assert not os.path.exists(tmp_path / 'out' / 'metrics.jsonl')
+
+
+def test_plan_auto_gives_local_steps_a_whole_model(tmp_path):
+    # plan=auto with local steps on two ranks of one machine, where every step's plan shards the
+    # model (0.8M parameters on two CPU ranks: fsdp-noreshard, faster by the planner's timing, as
+    # train.py would plan them): local steps train a whole one. (Where only a sharded plan fits,
+    # the one line says outer_interval=0 does: test_plan.py's LOCAL_PLANS.)
+    from hetgpt import hardware
+    from hetgpt.planner import search
+    from model import GPTConfig
+    shape = dict(n_layer=4, n_head=2, n_embd=128, block_size=32, vocab_size=256)
+    ranks = [hardware.this_rank('cpu', r, 2) for r in range(2)]
+    every = search.make_plan(GPTConfig(**shape, bias=False, dropout=0.0), 8, ranks, dtype='float32')
+    assert every.fits and every.shard, every.strategy  # (the case)
+    make_dataset(tmp_path)
+    run_train(tmp_path, *TINY, *[f'--{k}={v}' for k, v in shape.items()], '--batch_size=8',
+              '--max_iters=2', '--eval_interval=100', '--outer_interval=2', '--out_dir=out', nproc=2)
+    assert metrics(tmp_path / 'out')[0]['plan'] in ('ddp', 'ddp+ac')
+
+
+def test_local_steps_split_the_batch_as_planned_not_as_timed(tmp_path):
+    # balance=auto (the default) with local steps: each node's part of a step is what it trains on,
+    # so a split by measured speed would make a run follow its timing. Two runs of two machines, in
+    # the second rank 1's forward slower (tests/fixture_run.py): the same losses at every step.
+    make_dataset(tmp_path)
+    train, fixture = os.path.join(ROOT, 'train.py'), os.path.join(ROOT, 'tests', 'fixture_run.py')
+    args = [*TINY, '--batch_size=8', '--max_iters=4', '--eval_interval=100', '--outer_interval=2']
+    for out, env in (('plain', None), ('slow', {'HETGPT_TEST_SLOW_RANK': '1:0.02'})):
+        ok(loopback(tmp_path, [train, *args, f'--out_dir={out}'], script=fixture, env=env))
+    a, b = train_losses(tmp_path / 'plain'), train_losses(tmp_path / 'slow')
+    assert len(a) == 4 and a == b, (a, b)
 
 
 def test_plan_says_when_local_steps_are_faster(capsys):

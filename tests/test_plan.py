@@ -557,6 +557,7 @@ PLAN_MISTAKES = [  # (arguments after configs/gpt_tiny.py, what the error line s
     ('--link_gbit 0', '--link_gbit'), ('--link_gbit nan', '--link_gbit'),
     ('--link_gbit 1 --inter_node_gbs 1', 'no --inter_node_gbs with it'),
     ('--cpu_gflops -1', '--cpu_gflops'), ('--outer_interval=-1', 'outer_interval=-1'),
+    ('--gpus 8xRTX4090 --nodes 3 --outer_interval=5', 'as many ranks on every node'),  # 3/3/2
     ('--plan zero3', 'invalid choice'), ('--dtype fp8', 'invalid choice'),
     ('--nodes two', 'invalid int'), ('--n_layer=0', 'n_layer=0'), ('--n_head=5', 'not divisible'),
     ('--batch_size=0', 'batch_size=0'), ('--dropout=1.0', 'dropout'), ('--n_layer=2.5', 'n_layer'),
@@ -705,3 +706,61 @@ def test_what_each_gpu_kind_adds_and_the_dtype_each_computes_in(capsys):
     said = float(re.search(r'^--dtype=auto \(here and in train.py\) would give \+([\d.]+)% '
                            r'tokens/s$', out, re.M)[1]) / 100
     assert said == pytest.approx(gain - 1, abs=0.03)
+
+
+# Local steps (outer_interval > 0) run a whole model on every rank (knobs.refuses_local_steps):
+# (config, GPU, count, per node, memory_fraction) where every step's plan=auto shards the model.
+# gpt_111m on 8 A100s: fsdp-noreshard is faster, ddp fits; gpt_1p3b on two 4090s at 0.7 of their
+# memory: only sharded does its 16 bytes a parameter fit.
+LOCAL_PLANS = [('gpt_111m', 'A100-80GB', 8, 8, 1.0), ('gpt_1p3b', 'RTX4090', 2, 1, 0.7)]
+
+
+@pytest.mark.parametrize('name,gpu,count,per_node,fraction', LOCAL_PLANS,
+                         ids=[r[0] for r in LOCAL_PLANS])
+def test_plan_auto_with_local_steps_plans_a_whole_model(name, gpu, count, per_node, fraction,
+                                                         capsys):
+    cfg, batch = load(name)
+    ranks = cluster(gpu, count, 1024, per_node)
+    every = search.make_plan(cfg, batch, ranks, memory_fraction=fraction)
+    assert every.fits and every.shard, every.strategy
+    p = search.make_plan(cfg, batch, ranks, memory_fraction=fraction, outer_interval=5)
+    assert not p.shard and {s for s, _, _ in p.candidates} == {'ddp', 'ddp+ac'}, p.candidates
+    whole = 16 * exact_params(cfg) < fraction * budget(gpu)  # (AdamW's states on one rank)
+    assert p.fits == whole, (p.strategy, p.advice)
+    if not p.fits:  # what does fit, said
+        assert f"outer_interval=0 fits ({every.strategy})" in p.advice, p.advice
+        assert p.needs['outer_interval'] == 0
+    # a plan named that shards: one line, the fix in it
+    with pytest.raises(SystemExit) as e:
+        search.make_plan(cfg, batch, ranks, plan=every.strategy, outer_interval=5)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count('\n') == 1, err
+    assert f"plan={every.strategy} with outer_interval=5" in err and 'outer_interval=0' in err
+
+
+# plan.py's local-steps line (arguments after configs/gpt_tiny.py, what it says): local steps
+# offered only where train.py runs them (as many ranks on every node, a whole model), else why.
+# 8 GPUs on 3 nodes are 3/3/2; gpt_tiny on 4 CPU ranks: every step's plan is fsdp-noreshard.
+PLAN_LOCAL = [('--gpus 8xRTX4090 --nodes 3 --link_gbit 1', 'not for this layout'),
+              ('--gpus 8xRTX4090 --nodes 4 --link_gbit 1', 'local steps, outer_interval=500'),
+              ('--gpus 4xcpu --host_mem 16 --nodes 2', 'not for this plan'),
+              ('--gpus 4xcpu --host_mem 16 --nodes 2 --outer_interval=5',
+               'local steps, outer_interval=5:')]
+
+
+@pytest.mark.parametrize('args,said', PLAN_LOCAL, ids=[a for a, _ in PLAN_LOCAL])
+def test_the_dry_run_offers_local_steps_only_where_train_py_runs_them(args, said, capsys):
+    argv = args.split()
+    assert plan.main([str(ROOT / 'configs' / 'gpt_tiny.py'), *argv]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith('local steps'))
+    assert said in line, line
+    strategy = re.search(r'^plan: (\S+) ', out, re.M)[1]
+    get = dict(zip(argv[::2], argv[1::2]))
+    R, nodes = int(get['--gpus'].split('x')[0]), int(get['--nodes'])
+    even = R % nodes == 0  # ranks spread evenly over the nodes: as many on each
+    offered = line.startswith('local steps, outer_interval=')
+    assert offered == (even and not knobs.flags(strategy)['shard']), (line, strategy)
+    if 'give --nodes one of' in line:
+        listed = [int(n) for n in line.split('give --nodes one of ')[1].split(', ')]
+        assert listed == [n for n in range(2, R + 1) if R % n == 0], line

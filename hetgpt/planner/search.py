@@ -18,7 +18,8 @@ from dataclasses import replace
 from hetgpt.errors import die
 from hetgpt.gpus import GPUS
 from hetgpt.hardware import native_dtype
-from hetgpt.knobs import DTYPES, STRATEGIES, dtype_name, flags
+from hetgpt.knobs import (DTYPES, STRATEGIES, dtype_name, flags,
+                          refuses_local_steps)
 from hetgpt.planner import cluster, costs, timing
 from hetgpt.planner.balance import lockstep_count, pieces, split, weighted
 from hetgpt.planner.costs import counts, optimizer_updates_shards_alone
@@ -299,7 +300,8 @@ def _advice(cfg, batch, ranks, plan, tried, mbs, inter_node_bw, results):
                 ways.append(f"host memory >= {host / GiB:,.0f} GiB per "
                             f"node ({r['strategy']})")
     all_gpus = all(r['device'] == 'cuda' for r in ranks)
-    if all_gpus and (plan == 'auto' or flags(plan)['shard']):
+    # (more GPUs shrink only a sharded rung's states)
+    if all_gpus and any(flags(s)['shard'] for s in tried):
 
         def fits(k):
             """Whether a rung tried fits on the mix k times over."""
@@ -356,7 +358,7 @@ def _advice(cfg, batch, ranks, plan, tried, mbs, inter_node_bw, results):
 
 def make_plan(cfg, batch_size, ranks, plan='auto', micro_batch_size=0,
               memory_fraction=1.0, dtype='auto', inter_node_bw=None,
-              weights=None, init_device='auto'):
+              weights=None, init_device='auto', outer_interval=0):
     """The plan (a Plan) of a config on these ranks.
 
     ranks: one dict per rank: device 'cuda'|'cpu', gpu (GPUS key or None),
@@ -369,7 +371,10 @@ def make_plan(cfg, batch_size, ranks, plan='auto', micro_batch_size=0,
     in proportion to them (balance=even or w1,w2,...) instead of by speed.
     dtype: train.py's knob: auto (each rank's own, r['dtype'] or
     native_dtype; one under FSDP, the fastest), one dtype for all, or one
-    per rank (DDP only).
+    per rank (DDP only). outer_interval > 0: local steps, which run only
+    the strategies knobs.refuses_local_steps accepts (plan=auto tries
+    only those; where none fits, the advice says whether
+    outer_interval=0 does).
     """
     ranks = _normalise(ranks, memory_fraction)
     given = dtype_name(dtype).split(',')
@@ -408,6 +413,11 @@ def make_plan(cfg, batch_size, ranks, plan='auto', micro_batch_size=0,
         die(f"plan={plan}{no_shard[0]}")
     tried = tuple(s for s in tried
                   if not (no_shard and flags(s)['shard']))
+    if outer_interval and plan != 'auto' and refuses_local_steps(plan):
+        die(f"plan={plan} with outer_interval={outer_interval}: "
+            f"{refuses_local_steps(plan)}: give one, or outer_interval=0")
+    tried = tuple(s for s in tried
+                  if not (outer_interval and refuses_local_steps(s)))
     evaluate = functools.partial(_evaluate, cfg, batch_size, ranks,
                                  mbs=micro_batch_size,
                                  inter_node_bw=inter_node_bw,
@@ -426,10 +436,19 @@ def make_plan(cfg, batch_size, ranks, plan='auto', micro_batch_size=0,
         if plan != 'auto':
             auto = make_plan(cfg, batch_size, ranks, 'auto',
                              micro_batch_size, memory_fraction, dtype,
-                             inter_node_bw)
+                             inter_node_bw, outer_interval=outer_interval)
             if auto.fits:
                 advice += f" plan=auto fits ({auto.strategy})."
                 needs['plan'] = auto.strategy
+        if outer_interval:
+            alone = make_plan(cfg, batch_size, ranks, 'auto',
+                              micro_batch_size, memory_fraction, dtype,
+                              inter_node_bw)
+            if alone.fits:
+                advice += (f" outer_interval=0 fits ({alone.strategy}):"
+                           f" local steps need a whole model on every"
+                           f" rank.")
+                needs['outer_interval'] = 0
         # the last rung tried, shown at one sequence per rank
         best = dict(results[-1])
         per_node = cluster.per_node(ranks)

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from hetgpt.errors import die
+from hetgpt.knobs import refuses_local_steps
 from hetgpt.run.process_group import gather
 
 
@@ -47,16 +48,11 @@ class LocalSteps:
         self.group = None
         if not self.interval:
             return
-        if plan.shard:
-            die(f"outer_interval={self.interval} averages whole models "
-                f"across nodes: it needs plan ddp or ddp+ac, not "
-                f"{plan.strategy} (a model that does not fit one rank "
-                f"needs outer_interval=0)")
-        uneven = len(set(gather(local_world))) > 1
-        if uneven or world_size % local_world:
-            die(f"outer_interval={self.interval} needs as many ranks on "
-                f"every node (torchrun's --nproc_per_node); give every "
-                f"node the same, or outer_interval=0")
+        # (every rank's local_world: each node's ranks, as many times)
+        why = refuses_local_steps(plan.strategy, gather(local_world))
+        if why:
+            die(f"outer_interval={self.interval}: {why}; or "
+                f"outer_interval=0")
         # Two levels of groups: each node's ranks (the inner DDP), and
         # each local rank with its peers of the other nodes (the
         # exchange: each carries 1/L of the weights across)
