@@ -126,6 +126,7 @@ fingerprint = membership.fingerprint(config, data.paths.values())
 machines = gather(membership.machine())  # (elastic agents come and go)
 prints = gather(fingerprint)
 membership.same_run(prints, machines, rank, saved.get('fingerprint'))
+rundir.same_data(resume_from, saved, fingerprint, log)  # its content
 
 # -----------------------------------------------------------------------------
 # The plan, for the ranks as they are, then the model built as it says
