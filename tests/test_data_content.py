@@ -1,5 +1,5 @@
 """
-The data a run trains on, known by its content (hetgpt/data/digest.py): the blake2b of each token
+The data a run trains on, known by its content (hetgpt/data/digest.py): the sha256 of each token
 file, cached beside it under a key that every new version of the file changes (a copy over it
 with its size and times kept, a rewrite in place, a copied folder with its cache); a second start
 reads nothing. A resume compares the checkpoint's digests with the data's (hetgpt/run/rundir.py
@@ -17,8 +17,8 @@ from hetgpt.data import digest
 from hetgpt.run import rundir
 
 
-def blake2b(path):
-    return hashlib.blake2b(open(path, 'rb').read(), digest_size=16).hexdigest()
+def sha256(path):
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
 
 
 def settle():
@@ -29,8 +29,8 @@ def settle():
 
 def counted(monkeypatch):
     """The files digest.digest reads whole, as a list."""
-    reads, real = [], digest.blake2b
-    monkeypatch.setattr(digest, 'blake2b', lambda path: reads.append(path) or real(path))
+    reads, real = [], digest.sha256
+    monkeypatch.setattr(digest, 'sha256', lambda path: reads.append(path) or real(path))
     return reads
 
 
@@ -64,7 +64,7 @@ def folder_copied_then_the_cache(folder, path):
     copy.write_bytes(bytes(data))
     os.utime(copy, ns=(st.st_atime_ns, st.st_mtime_ns))
     settle()
-    shutil.copy(path.with_name(path.name + '.blake2b.json'), twin / (path.name + '.blake2b.json'))
+    shutil.copy(path.with_name(path.name + '.sha256.json'), twin / (path.name + '.sha256.json'))
     return copy
 
 
@@ -80,11 +80,11 @@ def test_the_cached_digest_is_the_file_s_and_is_read_once(tmp_path, monkeypatch,
     settle()
     reads = counted(monkeypatch)
     first = digest.digest(str(path))
-    assert first == blake2b(path) and len(reads) == 1
+    assert first == sha256(path) and len(reads) == 1
     assert digest.digest(str(path)) == first and len(reads) == 1  # the second start: the cache
     changed = change(folder, path)
     assert changed.stat().st_size == path.stat().st_size
-    assert digest.digest(str(changed)) == blake2b(changed) != first and len(reads) == 2
+    assert digest.digest(str(changed)) == sha256(changed) != first and len(reads) == 2
 
 
 def test_a_cache_written_as_its_file_changed_is_not_trusted(tmp_path, monkeypatch):
@@ -93,9 +93,9 @@ def test_a_cache_written_as_its_file_changed_is_not_trusted(tmp_path, monkeypatc
     path.write_bytes(b'ab' * 100)
     st = path.stat()
     digest.remember(str(path), 'f' * 32, st)
-    os.utime(path.with_name('val.bin.blake2b.json'), ns=(st.st_ctime_ns, st.st_ctime_ns))
+    os.utime(path.with_name('val.bin.sha256.json'), ns=(st.st_ctime_ns, st.st_ctime_ns))
     reads = counted(monkeypatch)
-    assert digest.digest(str(path)) == blake2b(path) and len(reads) == 1
+    assert digest.digest(str(path)) == sha256(path) and len(reads) == 1
 
 
 FP = {'config': {'dataset': 'synth', 'new_dataset': False}, 'data': {'train.bin': 'a' * 32,

@@ -60,7 +60,7 @@ def _machines(counts):
 # model") or, with equal shapes, silently averages two different models.
 def fingerprint(config, data_files):
     """What makes this run this run: its config, the digests of its code,
-    its torch and its data files' content (their blake2b, cached)."""
+    its torch and its data files' content (their sha256, cached)."""
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     root = os.path.dirname(package)
     code = {name: _digest([os.path.join(root, name)])
@@ -91,7 +91,7 @@ def differences(mine, theirs):
         out.append(f"torch {mine['torch']} where the run has "
                    f"{theirs['torch']}")
     data = theirs['data']
-    out += [f"another {k} (its content differs: blake2b {str(n)[:12]} "
+    out += [f"another {k} (its content differs: sha256 {str(n)[:12]} "
             f"where the run's is {str(data.get(k))[:12]})"
             for k, n in mine['data'].items() if data.get(k) != n]
     return ', '.join(out)

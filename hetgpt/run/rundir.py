@@ -167,7 +167,7 @@ def same_data(path, saved, fingerprint, log):
     if len(changed) > 1:
         verb = 'hold'
     said = (f"{path} was trained on other data: {files} {verb} other "
-            f"content now (blake2b {now[changed[0]][:12]}, then "
+            f"content now (sha256 {now[changed[0]][:12]}, then "
             f"{str(was.get(changed[0]))[:12]})")
     if not config['new_dataset']:
         die(f"{said}; new_dataset=True to go on with it, or put back the "
