@@ -19,9 +19,10 @@ export OMP_NUM_THREADS ?= 2
 	$(PIP_INSTALL) -r requirements-dev.txt
 	touch $@
 
-# order-only: new package versions do not make a new corpus
+# order-only: new package versions do not make a new corpus. make runs it when train.bin is
+# missing or older than prepare.py: then a new set replaces it (--overwrite)
 data/pydocs/train.bin: data/prepare.py | .venv/runtime
-	$(PY) data/prepare.py --dataset pydocs
+	$(PY) data/prepare.py --dataset pydocs --overwrite
 
 demo: .venv/runtime data/pydocs/train.bin
 	$(PY) train.py configs/gpt_tiny.py --device=cpu --init_from=auto

@@ -31,7 +31,7 @@ eval_only = False      # evaluate the model as loaded once, and exit
 log_interval = 10
 checkpoint_interval = 1000  # and at the end; 0: none, but on SIGTERM/SIGUSR1
 always_save_checkpoint = True  # False: only on a new best val loss (nanoGPT)
-new_dataset = False    # True: resume on another dataset than the checkpoint's
+new_dataset = False    # True: resume on other data than the checkpoint's
 keep_last = 2          # complete checkpoints kept in out_dir
 wandb_log = False      # online if logged in, else offline; never blocks
 wandb_project = 'hetgpt'
@@ -126,6 +126,7 @@ fingerprint = membership.fingerprint(config, data.paths.values())
 machines = gather(membership.machine())  # (elastic agents come and go)
 prints = gather(fingerprint)
 membership.same_run(prints, machines, rank, saved.get('fingerprint'))
+rundir.same_data(resume_from, saved, fingerprint, log)  # its content
 
 # -----------------------------------------------------------------------------
 # The plan, for the ranks as they are, then the model built as it says

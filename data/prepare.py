@@ -12,25 +12,64 @@ The .bin files are flat np.uint16 arrays of token ids, every document followed b
 as nanoGPT's; a document goes to val by a draw from (seed, its index). datasets converts inputs
 into its cache, map tokenizes them in num_proc processes; --streaming reads them as tokenized.
 """
-import argparse
-import hashlib
-import itertools
-import json
 import os
+import signal
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
+STOPS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C, kill: the run ends in one line, nothing kept
+stopped = []  # the stop signal received, if any
+MAIN = os.getpid()  # prepare.py's process; map's processes are its forks
+
+
+def stop(signum, frame):
+    """A stop signal's handler: noted (datasets may wrap what it raises), then KeyboardInterrupt.
+    In one of map's processes (a Ctrl-C reaches them all), without a word: a Ctrl-C is left to
+    the main process, which ends its pool of them (SIGTERM, which ends one at once)."""
+    if os.getpid() != MAIN:
+        if signum != signal.SIGINT:
+            os._exit(128 + signum)
+        return
+    stopped.append(signum)
+    raise KeyboardInterrupt
+
+
+def halt(more):
+    """Says that a stop signal ended prepare.py, and exits as a process it ended: 128 + its
+    number (130 for Ctrl-C), as shells and make report it; it is not the user's mistake (2)."""
+    print(f"stopped ({signal.Signals(stopped[0]).name}): nothing written{more}", file=sys.stderr)
+    sys.exit(128 + stopped[0])
+
+
+def halted(signum, frame):
+    """A stop signal's handler while the imports below run: halt."""
+    stopped.append(signum)
+    halt("")
+
+
+if __name__ == "__main__":  # (main() puts stop in its place)
+    for sig in STOPS:
+        signal.signal(sig, halted)
+
+import argparse  # noqa: E402
+import hashlib  # noqa: E402
+import itertools  # noqa: E402
+import json  # noqa: E402
+import time  # noqa: E402
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:  # run as data/prepare.py, sys.path has data/, not the repository
     sys.path.insert(0, ROOT)
 from hetgpt.errors import die, oneline  # noqa: E402
+from hetgpt.data import digest  # noqa: E402
 from hetgpt.data.inputs import OWT_REPO, input_files, openwebtext_files  # noqa: E402
 from hetgpt.data.tokenizer import EOT, gpt2_encoding  # noqa: E402  (the GPT-2 BPE, offline)
 
 BUILDERS = {".txt": "text", ".jsonl": "json", ".parquet": "parquet"}  # datasets' builders
+SETS = ("train.bin", "val.bin", "meta.json")  # a data set's files, renamed into place together
 
 
 class Mistake(Exception):
@@ -131,16 +170,20 @@ def write_sets(folder, batches, val_fraction, seed, limit, only_text):
                 n, last = n + len(lengths), (bool(to_val[-1]), ids[-lengths[-1]:])
             if limit and n == limit:
                 break
-        if n == 0 or (n == 1 and len(only_text()) < 2):
+        if n == 0:
             raise Mistake("no usable documents (all empty?): give files with text in them")
         if n == 1 or counts["val"][1] == n * last[0]:  # all in one set: the last moves
             s, moved, to_val = "val" if last[0] else "train", [last[1]], [not last[0]]
             files[s].truncate(2 * (counts[s][0] - len(last[1]))), files[s].seek(0, 2)
             counts[s] = [counts[s][0] - len(last[1]), counts[s][1] - 1]
-            if n == 1:  # cut in two, at a line start when there is one
+            if n == 1:  # cut in two, at a line start when there is one, text on both sides
                 text = only_text()
+                first, end = len(text) - len(text.lstrip()), len(text.rstrip())
+                if end - first < 2:
+                    raise Mistake(f"one document of one character ({text.strip()!r}): too "
+                                  f"short to cut into train and val; give more text")
                 cut = int(len(text) * (1 - val_fraction))
-                cut = min(max(text.rfind("\n", 0, cut) + 1 or cut, 1), len(text) - 1)
+                cut = min(max(text.rfind("\n", 0, cut) + 1 or cut, first + 1), end - 1)
                 moved, to_val = tokenize([text[:cut], text[cut:]])["ids"], [False, True]
             write(np.array([len(x) for x in moved]), np.concatenate(moved), np.array(to_val))
     finally:
@@ -152,6 +195,23 @@ def write_sets(folder, batches, val_fraction, seed, limit, only_text):
 
 
 def main(argv=None):
+    """prepare.py: its arguments checked, the data set written; a stop signal (Ctrl-C) at any
+    point ends it in one line, with nothing written (exit 128 + the signal's number)."""
+    before = {sig: signal.signal(sig, stop) for sig in STOPS}  # (put back at the end)
+    stopped.clear()
+    try:
+        run(argv)
+    except KeyboardInterrupt:
+        if not stopped:
+            raise
+        halt("")
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def run(argv):
+    """Parses and checks the arguments, then writes the data set."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.error = lambda message: die(f"{message} (python data/prepare.py -h for help)")  # 1 line
@@ -170,6 +230,8 @@ def main(argv=None):
     p.add_argument("--streaming", action="store_true", help="read the inputs as they are "
                    "tokenized, in bounded memory, no copy in datasets' cache")
     p.add_argument("--limit", type=int, default=0, help="only the first N documents (streams)")
+    p.add_argument("--overwrite", action="store_true", help="replace the data set that "
+                   "OUT_DIR/NAME holds (without it: refused)")
     args = p.parse_args(argv)
     if (args.dataset is None) == (args.input is None) and args.dataset != "openwebtext":
         p.error("give either --dataset pydocs|openwebtext or --input PATH [PATH ...]")
@@ -193,17 +255,26 @@ def main(argv=None):
     if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
         die(f"cannot write {folder}: {parent} is not a writable directory; "
             f"choose another --out_dir")
+    held = [f for f in SETS if os.path.lexists(os.path.join(folder, f))]
+    if held and not args.overwrite:  # a run resumed on it would train on other text
+        die(f"{folder} holds a data set already ({', '.join(held)}): --overwrite to "
+            f"replace it, or another --name")
     try:
         enc = gpt2_encoding()  # fail early, and map's processes inherit it
     except ValueError as e:
         die(str(e))
-    import datasets
-    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # our one line says what failed
-    # its bars on a terminal (in a log: lines of \r-joined updates)
-    (datasets.enable_progress_bars if sys.stderr.isatty() else datasets.disable_progress_bars)()
     streaming = args.streaming or args.limit > 0
+    write(args, enc, folder, parent, held, val_fraction, streaming)
 
-    try:  # into .tmp files, renamed only when all are complete: no half-written or mixed sets
+
+def write(args, enc, folder, parent, held, val_fraction, streaming):
+    """Writes the data set into folder: into .tmp files, renamed only when all are complete (no
+    half-written or mixed sets); a mistake, a full disk or a stop signal leaves nothing."""
+    try:
+        import datasets
+        datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # our one line says what failed
+        # its bars on a terminal (in a log: lines of \r-joined updates)
+        (datasets.enable_progress_bars if sys.stderr.isatty() else datasets.disable_progress_bars)()
         if args.dataset == "pydocs":
             from hetgpt.data import pydocs
             print("collecting the Python documentation...")
@@ -220,25 +291,42 @@ def main(argv=None):
         batches = token_batches(parts(), streaming, args.num_proc, min(args.limit or 1000, 1000))
         counts = write_sets(folder, batches, val_fraction, args.seed, args.limit, lambda: next(
             d[f] for _, ds, f in parts() for d in ds if (d[f] or "").strip()))
+        # the content of each .bin, as train.py's checks know it (hetgpt/data/digest.py)
+        sums = {f: digest.sha256(os.path.join(folder, f + ".tmp")) for f in SETS[:2]}
+        (n_train, train_docs), (n_val, val_docs) = counts["train"], counts["val"]
+        with open(os.path.join(folder, "meta.json.tmp"), "w") as f:
+            json.dump({"tokenizer": "gpt2", "vocab_size": enc.n_vocab, "dtype": "uint16",
+                       "eot_token": EOT, "train_tokens": n_train, "val_tokens": n_val,
+                       "train_docs": train_docs, "val_docs": val_docs, "source": source,
+                       "val_fraction": val_fraction, "seed": args.seed, "sha256": sums},
+                      f, indent=2)
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)  # the three renames: all or none
     except BaseException as e:  # a mistake in the inputs, a full disk, Ctrl-C: nothing changed
-        for s in ("train", "val"):
-            if os.path.isfile(os.path.join(folder, f"{s}.bin.tmp")):
-                os.remove(os.path.join(folder, f"{s}.bin.tmp"))
+        for sig in STOPS:  # (a second Ctrl-C does not stop the cleanup)
+            signal.signal(sig, signal.SIG_IGN)
+        for f in SETS:
+            if os.path.isfile(os.path.join(folder, f + ".tmp")):
+                os.remove(os.path.join(folder, f + ".tmp"))
         made = os.path.abspath(folder)
         while made != parent and os.path.isdir(made) and not os.listdir(made):
             os.rmdir(made)  # the folders this run made, from the deepest up
             made = os.path.dirname(made)
+        if stopped:
+            halt(f"; {folder} is as it was" if held else "")
         if isinstance(e, (Mistake, OSError)):
             die(str(e) if isinstance(e, Mistake) else f"cannot write {folder} ({e.strerror or e})")
         raise
-    (n_train, train_docs), (n_val, val_docs) = counts["train"], counts["val"]
-    with open(os.path.join(folder, "meta.json.tmp"), "w") as f:
-        json.dump({"tokenizer": "gpt2", "vocab_size": enc.n_vocab, "dtype": "uint16",
-                   "eot_token": EOT, "train_tokens": n_train, "val_tokens": n_val,
-                   "train_docs": train_docs, "val_docs": val_docs, "source": source,
-                   "val_fraction": val_fraction, "seed": args.seed}, f, indent=2)
-    for f in ("train.bin", "val.bin", "meta.json"):
+    for f in SETS:
         os.replace(os.path.join(folder, f + ".tmp"), os.path.join(folder, f))
+    for sig in STOPS:  # done: a stop from here on (one pending, too) is let go
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
+    # the digests' caches, for train.py's first start: after a tick of the file system's clock
+    # (a cache written in the tick its file changed is not trusted)
+    time.sleep(0.05)
+    for f in SETS[:2]:
+        path = os.path.join(folder, f)
+        digest.remember(path, sums[f], os.stat(path))
     print(f"wrote {folder}: train {n_train:,} tokens ({train_docs:,} docs), "
           f"val {n_val:,} tokens ({val_docs:,} docs)")
     if n_val < 1025:

@@ -411,6 +411,24 @@ def test_a_resume_on_another_dataset_is_one_line_and_goes_on_only_when_asked(wor
     assert 'iter 12: loss' in p.stdout and latest_checkpoint(out).endswith('ckpt_00000012')
 
 
+def test_a_resume_on_other_data_of_the_same_size_is_one_line(work, tmp_path):
+    # the checkpoint's data replaced by other tokens of the same size, its times kept (cp -p over
+    # it): the resume says so in one line and touches nothing (new_dataset=True and checkpoints
+    # from before digests: tests/test_data_content.py)
+    shutil.copytree(work / 'ten', tmp_path / 'run')
+    shutil.copytree(work / 'data', tmp_path / 'data')
+    path = tmp_path / 'data' / 'synth' / 'train.bin'
+    st = path.stat()
+    np.roll(np.fromfile(path, dtype=np.uint16), 1).tofile(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    before = snapshot(tmp_path / 'run')
+    p = run_train(tmp_path, *RUN, '--max_iters=12', '--out_dir=run', '--init_from=resume',
+                  check=False)
+    line = one_error_line(p)
+    assert 'trained on other data: data/synth/train.bin holds other content' in line, line
+    assert 'new_dataset=True' in line and snapshot(tmp_path / 'run') == before
+
+
 @pytest.mark.parametrize('max_iters', [10, 5])
 def test_a_resume_past_max_iters_says_so_and_touches_nothing(work, tmp_path, max_iters):
     out = tmp_path / 'run'

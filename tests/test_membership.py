@@ -1,7 +1,9 @@
 """Ranks that differ in memory, and ranks that come and go (torchrun's elastic agents)."""
+import os
 import re
 import time
 
+import numpy as np
 import pytest
 
 from trainer import (ROOT, TINY, latest_checkpoint, load_params, make_dataset, max_rel_diff, metrics,
@@ -182,3 +184,24 @@ def test_a_machine_of_another_run_that_joins_leaves_and_the_run_goes_on(tmp_path
     two = load_params(latest_checkpoint(tmp_path / 'elastic'))
     assert latest_checkpoint(tmp_path / 'elastic').endswith('ckpt_00000048')
     assert max_rel_diff(two, one) < 1e-5
+
+
+def test_a_machine_whose_data_has_other_bytes_of_the_same_size_runs_another_run(tmp_path):
+    # membership's fingerprint at function level (the elastic run above is the real path): two
+    # machines' data of the same sizes, one train.bin with other bytes (its times kept, as cp -p
+    # or rsync -t leave them), are two runs, and the words say that the content differs
+    from hetgpt.run import membership
+    mine, theirs = make_dataset(tmp_path / 'mine'), make_dataset(tmp_path / 'theirs')
+    path = os.path.join(theirs, 'train.bin')
+    st = os.stat(path)
+    tokens = np.fromfile(path, dtype=np.uint16)
+    np.roll(tokens, 1).tofile(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    config = {'n_layer': 2}
+    prints = [membership.fingerprint(config, [os.path.join(d, f'{s}.bin') for s in ('train', 'val')])
+              for d in (mine, theirs)]
+    assert prints[0]['data']['val.bin'] == prints[1]['data']['val.bin']
+    assert prints[0] != prints[1] and prints[0]['code'] == prints[1]['code']
+    said = membership.differences(prints[1], prints[0])
+    assert said.startswith('another train.bin (its content differs') and 'val.bin' not in said
+    assert membership.differences(prints[0], prints[0]) == ''

@@ -11,8 +11,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -21,7 +23,7 @@ import tiktoken
 import data.prepare as prepare
 from hetgpt.data import tokenizer
 from hetgpt.data.tokenizer import gpt2_encoding
-from trainer import one_error_line
+from trainer import one_error_line, snapshot
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PREPARE = os.path.join(ROOT, "data", "prepare.py")
@@ -551,7 +553,8 @@ def test_a_failed_write_keeps_the_last_set(tmp_path):
     before = {f: (tmp_path / "a" / f).read_bytes() for f in ("train.bin", "val.bin", "meta.json")}
     (tmp_path / "a" / "train.bin.tmp").mkdir()
     (tmp_path / "a.txt").write_text("other text\n" * 50)
-    assert "cannot write" in mistake(run_cli("--input", "a.txt", "--out_dir", ".", cwd=tmp_path))
+    assert "cannot write" in mistake(run_cli("--input", "a.txt", "--out_dir", ".", "--overwrite",
+                                             cwd=tmp_path))
     assert {f: (tmp_path / "a" / f).read_bytes() for f in before} == before
 
 
@@ -561,3 +564,95 @@ def test_import_is_cheap_and_silent(tmp_path):
                        env={**os.environ, "TIKTOKEN_CACHE_DIR": str(tmp_path / "cache")})
     assert r.returncode == 0, r.stderr
     assert r.stdout == "50257\n" and not (tmp_path / "cache").exists()  # no download, no cache written
+
+
+def test_an_existing_set_is_replaced_only_with_overwrite(tmp_path, monkeypatch):
+    # A second prepare into the same name is one line, nothing touched; --overwrite replaces the
+    # set. meta.json names each .bin's sha256, which the digests' cache holds already (train.py's
+    # first start reads neither file whole).
+    from hetgpt.data import digest
+    (tmp_path / "a.txt").write_text("".join(f"line {i}\n" for i in range(50)))
+    assert run_cli("--input", "a.txt", "--out_dir", ".", cwd=tmp_path).returncode == 0
+    before = {f.name: f.read_bytes() for f in (tmp_path / "a").iterdir()}
+    (tmp_path / "a.txt").write_text("other text\n" * 50)
+    line = mistake(run_cli("--input", "a.txt", "--out_dir", ".", cwd=tmp_path))
+    assert "a holds a data set already" in line and "--overwrite" in line, line
+    assert {f.name: f.read_bytes() for f in (tmp_path / "a").iterdir()} == before
+    prepare.main(["--input", str(tmp_path / "a.txt"), "--out_dir", str(tmp_path), "--overwrite"])
+    meta, bins = load_split(tmp_path / "a")
+    assert "".join(documents(bins["train"]) + documents(bins["val"])) == "other text\n" * 50
+    reads = []
+    monkeypatch.setattr(digest, "sha256", lambda path: reads.append(path))
+    for f in ("train.bin", "val.bin"):
+        path = tmp_path / "a" / f
+        assert meta["sha256"][f] == hashlib.sha256(path.read_bytes()).hexdigest()
+        assert digest.digest(str(path)) == meta["sha256"][f]
+    assert reads == []
+
+
+STOPPED = [  # (signal, mode, a set there before) -> 128 + the signal, one line, nothing written
+    ("SIGINT", [], False),  # map's processes, which the Ctrl-C reaches too
+    ("SIGINT", ["--streaming"], True),
+    ("SIGTERM", [], True),
+]
+
+
+@pytest.mark.parametrize("sig, mode, held", STOPPED)
+def test_a_stop_signal_while_tokenizing_writes_nothing(tmp_path, sig, mode, held):
+    # Ctrl-C as a terminal sends it (to prepare.py's whole process group) once train.bin.tmp is
+    # being written: one line, exit 130 (143 for SIGTERM), no .tmp file, the set there before (if
+    # any) as it was, and no folder made
+    path = jsonl(tmp_path / "big.jsonl", ["information technology " * 200] * 20_000)
+    out = tmp_path / "out" / "big"
+    if held:
+        out.mkdir(parents=True)
+        for f in ("train.bin", "val.bin", "meta.json"):
+            (out / f).write_text(f"the {f} of the set there before")
+    before = snapshot(tmp_path / "out") if held else None
+    cmd = [sys.executable, PREPARE, "--input", path, "--out_dir", str(tmp_path / "out"),
+           "--num_proc", "2", "--overwrite", *mode]
+    env = {**os.environ, "HF_DATASETS_CACHE": str(tmp_path / "cache")}
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         start_new_session=True)
+    for _ in range(6000):  # until it writes (or ends: then the test fails below)
+        if (out / "train.bin.tmp").exists() or p.poll() is not None:
+            break
+        time.sleep(0.01)
+    os.killpg(p.pid, getattr(signal, sig))
+    stdout, stderr = p.communicate(timeout=120)
+    assert p.returncode == 128 + getattr(signal, sig), stderr
+    expected = f"stopped ({sig}): nothing written" + f"; {out} is as it was" * held
+    assert stderr.splitlines() == [expected] and stdout == "", stderr
+    if held:
+        assert snapshot(tmp_path / "out") == before
+    else:
+        assert not (tmp_path / "out").exists()
+
+
+ONE_DOCUMENT = [  # the only document -> None (cut), or the refusal's words
+    (" a b ", None),  # the cut at the fraction would leave val a blank
+    ("ab" + "\n" * 60, None),  # no line start with text after it
+    ("first line\n" + "   \n" * 40, None),
+    ("  x\n\n", "one document of one character ('x')"),
+]
+
+
+@pytest.mark.parametrize("text, expected", ONE_DOCUMENT,
+                         ids=["blank_after_cut", "no_line_start", "blanks_after", "one_char"])
+def test_a_one_document_corpus_has_text_in_both_sets(tmp_path, capsys, text, expected):
+    # A single document is cut in two with text on both sides; meta.json counts what the files
+    # hold. A document of one character cannot be cut: one line, nothing written.
+    (tmp_path / "one.txt").write_text(text)
+    args = ["--input", str(tmp_path / "one.txt"), "--out_dir", str(tmp_path / "out")]
+    if isinstance(expected, str):
+        with pytest.raises(SystemExit) as e:
+            prepare.main(args)
+        err = capsys.readouterr().err.splitlines()
+        assert e.value.code == 2 and len(err) == 1 and expected in err[0], err
+        assert not (tmp_path / "out").exists()
+        return
+    prepare.main(args)
+    meta, bins = load_split(tmp_path / "out" / "one")
+    train, val = documents(bins["train"]), documents(bins["val"])
+    assert (meta["train_docs"], meta["val_docs"]) == (len(train), len(val)) == (1, 1)
+    assert train[0] + val[0] == text and train[0].strip() and val[0].strip()

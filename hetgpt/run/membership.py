@@ -14,6 +14,7 @@ from collections import Counter
 
 import torch
 
+from hetgpt.data.digest import digest
 from hetgpt.errors import end, say
 
 
@@ -59,16 +60,16 @@ def _machines(counts):
 # model") or, with equal shapes, silently averages two different models.
 def fingerprint(config, data_files):
     """What makes this run this run: its config, the digests of its code,
-    its torch and its data files' sizes."""
+    its torch and its data files' content (their sha256, cached)."""
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     root = os.path.dirname(package)
     code = {name: _digest([os.path.join(root, name)])
             for name in ('model.py', 'train.py')}
     pattern = os.path.join(package, '**', '*.py')
     code['hetgpt'] = _digest(sorted(glob.glob(pattern, recursive=True)))
-    sizes = {os.path.basename(p): os.path.getsize(p) for p in data_files}
+    data = {os.path.basename(p): digest(p) for p in data_files}
     return {'config': config, 'code': code, 'torch': torch.__version__,
-            'data': sizes}
+            'data': data}
 
 
 def _digest(paths):
@@ -90,7 +91,8 @@ def differences(mine, theirs):
         out.append(f"torch {mine['torch']} where the run has "
                    f"{theirs['torch']}")
     data = theirs['data']
-    out += [f"{k} of {n:,} bytes where the run's has {data.get(k, 0):,}"
+    out += [f"another {k} (its content differs: sha256 {str(n)[:12]} "
+            f"where the run's is {str(data.get(k))[:12]})"
             for k, n in mine['data'].items() if data.get(k) != n]
     return ', '.join(out)
 

@@ -142,6 +142,39 @@ def claim(config, rank):
     return path, saved
 
 
+def same_data(path, saved, fingerprint, log):
+    """Whether the checkpoint at path (None: a new run; saved: its
+    hetgpt.json) trained on the content of this run's data (fingerprint:
+    membership's, with its config). Other content dies, unless
+    new_dataset; a checkpoint that recorded no digests is noted (log)."""
+    if path is None:
+        return
+    config, now = fingerprint['config'], fingerprint['data']
+    was = saved.get('fingerprint')
+    if isinstance(was, dict):
+        was = was.get('data')
+    if not isinstance(was, dict) or not all(
+            isinstance(v, str) for v in was.values()) or not was:
+        log(f"note: {path} records no digest of its data's content "
+            f"(saved before they were): the data it resumes on is not "
+            f"checked")
+        return
+    changed = [k for k in now if was.get(k) != now[k]]
+    if not changed:
+        return
+    files = ' and '.join(f"data/{config['dataset']}/{k}" for k in changed)
+    verb = 'holds'
+    if len(changed) > 1:
+        verb = 'hold'
+    said = (f"{path} was trained on other data: {files} {verb} other "
+            f"content now (sha256 {now[changed[0]][:12]}, then "
+            f"{str(was.get(changed[0]))[:12]})")
+    if not config['new_dataset']:
+        die(f"{said}; new_dataset=True to go on with it, or put back the "
+            f"data it trained on")
+    log(f"note: {said}; going on with it (new_dataset=True)")
+
+
 def _unlock(path, me):
     """Removes the lock at path if it is still this process's (me)."""
     try:
