@@ -286,9 +286,10 @@ if iter_num == 0 or eval_only:
 # -----------------------------------------------------------------------------
 # The loop
 sizes = run_plan.sizes  # every rank's (rebalanced as measured)
-bad_steps = optim.BadSteps(device, max_bad_steps, out_dir, scaler)
+bad_steps = optim.BadSteps(device, max_bad_steps, out_dir, scaler, resume_from)
 host_reset = hardware.reset_peaks(device_type)  # the steps' peaks from here
-t_log, steps_since, status = time.perf_counter(), 0, 0
+t_log, steps_since = time.perf_counter(), 0
+status, pending = 0, False
 loss_acc = torch.zeros((), device=device)
 while iter_num < max_iters and not eval_only:
     torch.manual_seed(seed + 1_000_003 * iter_num + rank)  # (dropout)
@@ -302,10 +303,10 @@ while iter_num < max_iters and not eval_only:
     # the ranks DDP and FSDP average over: the gradient of the whole batch
     loss_acc += forward_backward(offsets, ran, local.weight(sizes, tokens_per_step))
     norm, bad = optim.step(model, optimizers, scaler, grad_clip)
-    bad_steps.add(bad)
     iter_num += 1
     steps_since += 1
-    local.step(iter_num, sizes)  # (local steps: at a round's end, the outer step)
+    # (local steps: at a round's end, the outer step, not applied if not finite)
+    bad_steps.add(bad, local.step(iter_num, sizes))
     sizes = speed.end(iter_num, sizes, caps)
 
     if iter_num % log_interval == 0 or iter_num == max_iters:
@@ -336,17 +337,21 @@ while iter_num < max_iters and not eval_only:
     else:  # nanoGPT's: when an evaluation lowers the best val loss
         due = val is not None and val < best_val
     best_val = min(best_val, math.inf if val is None else val)
-    if due or stopping:
+    # only from weights a completed step left (else: after the next that completes)
+    wanted, due = due or stopping or pending, due or stopping
+    pending = wanted and not bad_steps.may_save(model, iter_num, due, log)
+    if wanted and not pending:
         watchdog.progress(limit_factor=4)
         meta = {'model_args': vars(model_args), 'config': config,
                 'machines': machines, 'fingerprint': fingerprint,
                 'best_val_loss': None if best_val == math.inf else best_val,
                 'loss_scale': scaler.get_scale() if scaler.is_enabled() else None}
         path, took = checkpoint.save(out_dir, iter_num, model, optimizers, meta,
-                               keep_last, local)
+                                     keep_last, local, keep=bad_steps.good)
+        bad_steps.saved(path)
         log(f"iter {iter_num}: checkpoint written to {path} ({took})")
     if stopping:  # (a signal, or torchrun's agent gone: an error)
-        status = stop.said(iter_num, log)
+        status = stop.said(iter_num, log, saved=not pending)
         break
     t_log += time.perf_counter() - t_pause
     watchdog.progress(limit_factor=1)

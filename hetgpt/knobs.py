@@ -124,8 +124,17 @@ TRAIN = {
     'memory_fraction': '(0, 1]', 'init_device': 'auto|cpu|meta',
     'balance': r'auto|even|[0-9.,]+', 'rebalance_interval': '[1, 1e9]',
     'stall_timeout': '[0, 1e7]',  # (seconds: 1e7 is 16 weeks)
-    'outer_interval': '[0, 1e9]', 'outer_lr': '> 0',
-    'outer_momentum': '[0, 1)'}
+    'outer_interval': '[0, 1e9]',
+    # What float32 can apply (the outer state is float32): the outer step
+    # adds outer_lr × the round's change to each weight, which float32
+    # holds to a rounding unit of 2^-24 to 2^-23 of itself. Above 2^24 a
+    # change of one unit, rounding noise, moves a weight by more than its
+    # own size; below 2^-24 (6e-08: rounded up) a change no larger than
+    # the weight moves it by under one unit, rounded to nothing or to one
+    # unit: the round's training is lost. The momentum: 0.99999994 is
+    # 1 - 2^-24, the largest float32 below 1; a larger one is 1 in
+    # float32, a buffer that never decays.
+    'outer_lr': '[6e-08, 16777216]', 'outer_momentum': '[0, 0.99999994]'}
 
 # sample.py's knobs (top_k's bound: vocab_size's). max_new_tokens: 100,000
 # at most, as generate() keeps a sample in one tensor grown by torch.cat, so

@@ -212,15 +212,70 @@ def checkpoints(out_dir):
     return sorted(os.path.join(out_dir, d) for d in found)
 
 
-def save(out_dir, step, model, optimizer, meta, keep_last, outer=None):
+# A checkpoint's health (hetgpt/run/optim.py, BadSteps): it is known good
+# once the step that starts from its weights has had a finite loss and
+# gradients on every rank, said by a file beside DCP's (whose reader opens
+# only the files its .metadata names); known bad when the bad steps that
+# stop a run started from its weights, and then set aside under a name
+# checkpoints() does not match (resume and sample.py pass it by), nothing
+# deleted.
+GOOD = 'good.json'
+
+
+def confirm(path, by_iter):
+    """Marks checkpoint path known good (on rank 0): the step from its
+    weights to iter by_iter completed. Atomic; a failure to write it (a
+    full disk) leaves the checkpoint as it was, unmarked."""
+    tmp = os.path.join(path, GOOD + '.tmp')
+    try:
+        with open(tmp, 'w') as f:
+            json.dump({'checked_by_iter': by_iter}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, os.path.join(path, GOOD))
+    except OSError:
+        pass
+
+
+def is_good(path):
+    """Whether checkpoint path is marked known good (confirm)."""
+    return os.path.isfile(os.path.join(path, GOOD))
+
+
+def newest_good(out_dir):
+    """The newest complete checkpoint in out_dir marked known good, or
+    None."""
+    return next((c for c in reversed(checkpoints(out_dir)) if is_good(c)),
+                None)
+
+
+def set_aside(path):
+    """Renames checkpoint path to path.bad (.bad.2, ... if taken): out of
+    checkpoints()'s sight, kept. Returns the new name (None: it could not
+    be renamed)."""
+    for n in range(1, 1000):
+        bad = path + ('.bad' if n == 1 else f'.bad.{n}')
+        if os.path.lexists(bad):
+            continue
+        try:
+            os.rename(path, bad)
+        except OSError:
+            return None
+        return bad
+    return None
+
+
+def save(out_dir, step, model, optimizer, meta, keep_last, outer=None,
+         keep=None):
     """Writes the checkpoint of step, from every rank.
 
     Every rank writes its shard (DCP: loads under any strategy and world
     size) into ckpt_<step>.tmp; rank 0 adds hetgpt.json ({iter, **meta})
-    and renames it once complete, then drops old ones. Returns the
-    checkpoint's path, and on rank 0 its size and seconds (size). outer:
-    local steps' entries (hetgpt/run/local_steps.py: each node's own
-    state, the outer state).
+    and renames it once complete, then drops old ones beyond keep_last,
+    but never keep (the newest checkpoint known good: the one just
+    written is not known good yet). Returns the checkpoint's path, and on
+    rank 0 its size and seconds (size). outer: local steps' entries
+    (hetgpt/run/local_steps.py: each node's own state, the outer state).
     """
     start = time.time()
     final = os.path.join(out_dir, f'ckpt_{step:08d}')
@@ -255,10 +310,12 @@ def save(out_dir, step, model, optimizer, meta, keep_last, outer=None):
     if master:
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
-        # the one just written stays
+        # the one just written stays, and the newest known good
         others = [c for c in checkpoints(out_dir) if c != final]
+        kept = keep and os.path.abspath(keep)
         for old in others[:len(others) - (keep_last - 1)]:
-            shutil.rmtree(old, ignore_errors=True)
+            if os.path.abspath(old) != kept:
+                shutil.rmtree(old, ignore_errors=True)
     dist.barrier()
     if not master:
         return final, None

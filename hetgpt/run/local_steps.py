@@ -20,6 +20,9 @@ steps, at each evaluation and at the end: the nodes' models are one model
 there. A checkpoint holds each node's weights and optimizer state (node
 0's as every checkpoint's 'model' and 'optim', which sample.py reads),
 and the outer state: a resume anywhere in a round continues it exactly.
+An outer step whose result float32 does not hold is not applied (the
+nodes go back to the round's start) and counts as a bad step
+(hetgpt/run/optim.py, BadSteps).
 """
 import math
 
@@ -100,27 +103,47 @@ class LocalSteps:
         """The outer step, at a round's end.
 
         After step it (steps done), with sizes every rank's micro-batches
-        of that step.
+        of that step. Returns None where no outer step ran, else whether
+        it was not applied: a result float32 does not hold (a weight or
+        the momentum not finite) is not, and the nodes go back to the
+        round's start (the anchor), the outer state as it was. The
+        result is the same on every rank (the exchange's sum).
         """
         if not self.interval:
-            return
+            return None
         if (it % self.interval and it % self.eval_interval
                 and it != self.max_iters):
-            return
+            return None
         part = self.share(sizes) / sum(map(sum, sizes))
         change = torch.cat(
             [(a - p.detach().to('cpu', torch.float32)).flatten()
              for a, p in zip(self.anchor, self.params)]) * part
         # the nodes' weighted sum: the average change
         self.exchange(change)
+        # checked whole before any of it is applied (computed twice, so
+        # as not to hold another copy of the weights)
+        ok = all(bool(torch.isfinite(m).all() and torch.isfinite(a).all())
+                 for m, a in self.nesterov(change))
+        if ok:
+            for (m_new, a_new), m, a in zip(self.nesterov(change), self.buf,
+                                            self.anchor):
+                m.copy_(m_new)
+                a.copy_(a_new)
+        for a, p in zip(self.anchor, self.params):
+            p.copy_(a)
+        return not ok
+
+    def nesterov(self, change):
+        """Each parameter's (momentum, anchor) after the outer step on
+        change (flat: the average change of the weights), as new
+        tensors: torch.optim.SGD's Nesterov, dampening 0."""
         at = 0
-        for a, m, p in zip(self.anchor, self.buf, self.params):
+        for a, m in zip(self.anchor, self.buf):
             g = change[at:at + a.numel()].view_as(a)
             at += a.numel()
-            # torch.optim.SGD's Nesterov, dampening 0
-            m.mul_(self.momentum).add_(g)
-            a.add_(g.add(m, alpha=self.momentum), alpha=-self.lr)
-            p.copy_(a)
+            m_new = m.mul(self.momentum).add_(g)
+            yield m_new, a.add(g.add(m_new, alpha=self.momentum),
+                               alpha=-self.lr)
 
     def exchange(self, flat):
         """Sums flat over the nodes, in place.

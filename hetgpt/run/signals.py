@@ -94,12 +94,16 @@ class Signals(list):
         self.orphaned = bool(stop[1])
         return bool(stop.sum())
 
-    def said(self, it, log):
-        """The run's last line, stopped at iter it with a checkpoint:
-        log's (a signal), or an error (an agent gone); returns the exit
+    def said(self, it, log, saved=True):
+        """The run's last line, stopped at iter it (saved: with a
+        checkpoint; not when the last step left no good weights): log's
+        (a signal), or an error (an agent gone); returns the exit
         status."""
+        kept = 'checkpoint saved'
+        if not saved:
+            kept = 'no checkpoint'
         if not self.orphaned:
-            log(f"iter {it}: stopped by a signal; checkpoint saved, "
+            log(f"iter {it}: stopped by a signal; {kept}, "
                 f"init_from=resume continues")
             return 0
         # (this rank's own reason, if its thread has not seen it yet)
@@ -108,6 +112,6 @@ class Signals(list):
             why = "another machine's torchrun agent or store is gone"
         if speaks():
             say(f"error: rank {os.environ.get('RANK', 0)}: {why}; "
-                f"stopped at iter {it} with a checkpoint: "
+                f"stopped at iter {it} ({kept}): "
                 f"init_from=resume continues")
         return 2
