@@ -1,5 +1,5 @@
 """
-Trains a GPT on one process, one GPU, or many (DDP or FSDP2, as plan.py decides).
+Trains a GPT on one process or many (DDP or FSDP2, as plan.py decides).
 $ python train.py configs/gpt_tiny.py --device=cpu
 $ torchrun --standalone --nproc_per_node=8 train.py configs/gpt_13b.py
 batch_size is the GLOBAL number of sequences per step (as gigaGPT), however the
@@ -94,7 +94,7 @@ import torch.distributed as dist
 
 from hetgpt import hardware
 from hetgpt.data import corpus
-from hetgpt.planner import search, timing
+from hetgpt.planner import search
 from hetgpt.planner.plan import duration
 from hetgpt.run import (checkpoint, hf, local_steps, membership, metrics,
                         optim, parallel, probe, process_group, rundir)
@@ -140,16 +140,17 @@ if model_args.block_size < block_size:
     die(f"block_size={block_size} exceeds the model's {model_args.block_size}")
 stated = hardware.stated_memory(local_rank, device_type)  # HETGPT_MEM_GIB
 host_bw = probe.host_step_rate(device_type)  # (before this_rank measures)
-ranks = gather(hardware.this_rank(device_type, rank, local_world, stated, host_bw))
+ranks = gather(hardware.this_rank(device_type, rank, local_world, stated,
+                                  host_bw))
 run_plan = search.make_plan(
     model_args, batch_size, ranks, plan=plan, micro_batch_size=micro_batch_size,
     memory_fraction=memory_fraction, dtype=dtype, weights=weights,
-    init_device='cpu' if pretrained else init_device, outer_interval=outer_interval)
+    init_device='cpu' if pretrained else init_device,
+    outer_interval=outer_interval)
 if not run_plan.fits:
     die(f"plan={plan} does not fit: {run_plan.advice}")
 local = local_steps.LocalSteps(config, run_plan, rank, world_size, local_world)
-exchange = outer_interval and timing.local_step_times(run_plan, outer_interval)[2]
-knobs.check_run(config, run_plan.step_time, exchange)  # (stall_timeout)
+knobs.check_run(config, run_plan.step_time, local.exchange)  # stall_timeout
 # The initial weights: a function of (seed, name) under every placement.
 # 'cpu': the whole model on the host first; 'meta': each rank makes its shard.
 torch.manual_seed(seed)
@@ -201,7 +202,8 @@ def forward_backward(offsets, sizes, weight, reduce=True):
         now = reduce and (i == len(sizes) - 1 or every)
         with parallel.sync(model, now):
             with speed.forward():
-                loss, loss_sum = forward('train', offsets[done:done + size], weight)
+                loss, loss_sum = forward(
+                    'train', offsets[done:done + size], weight)
             scaler.scale(loss).backward()
         total += loss_sum.float()
         done += size
@@ -286,7 +288,8 @@ if iter_num == 0 or eval_only:
 # -----------------------------------------------------------------------------
 # The loop
 sizes = run_plan.sizes  # every rank's (rebalanced as measured)
-bad_steps = optim.BadSteps(device, max_bad_steps, out_dir, scaler, resume_from)
+bad_steps = optim.BadSteps(device, max_bad_steps, out_dir, scaler,
+                           resume_from)  # (and which checkpoints are good)
 host_reset = hardware.reset_peaks(device_type)  # the steps' peaks from here
 t_log, steps_since = time.perf_counter(), 0
 status, pending = 0, False
@@ -301,11 +304,12 @@ while iter_num < max_iters and not eval_only:
     speed.start(iter_num)
     # the loss: token losses / the batch's tokens (local steps: the node's), ×
     # the ranks DDP and FSDP average over: the gradient of the whole batch
-    loss_acc += forward_backward(offsets, ran, local.weight(sizes, tokens_per_step))
+    weight = local.weight(sizes, tokens_per_step)
+    loss_acc += forward_backward(offsets, ran, weight)
     norm, bad = optim.step(model, optimizers, scaler, grad_clip)
     iter_num += 1
     steps_since += 1
-    # (local steps: at a round's end, the outer step, not applied if not finite)
+    # (local steps, at a round's end: the outer step; whether it failed)
     bad_steps.add(bad, local.step(iter_num, sizes))
     sizes = speed.end(iter_num, sizes, caps)
 
@@ -337,8 +341,9 @@ while iter_num < max_iters and not eval_only:
     else:  # nanoGPT's: when an evaluation lowers the best val loss
         due = val is not None and val < best_val
     best_val = min(best_val, math.inf if val is None else val)
-    # only from weights a completed step left (else: after the next that completes)
-    wanted, due = due or stopping or pending, due or stopping
+    due = due or stopping
+    wanted = due or pending  # (pending: one refused at an earlier step)
+    # only weights a completed step left finite; else after the next step
     pending = wanted and not bad_steps.may_save(model, iter_num, due, log)
     if wanted and not pending:
         watchdog.progress(limit_factor=4)

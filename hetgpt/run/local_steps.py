@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from hetgpt.errors import die
 from hetgpt.knobs import refuses_local_steps
+from hetgpt.planner.timing import local_step_times
 from hetgpt.run.process_group import gather
 
 
@@ -49,8 +50,11 @@ class LocalSteps:
         self.block_size = config['block_size']
         # the group of the inner data parallelism: None, every rank
         self.group = None
+        # the exchange's predicted seconds (a wait the watchdog allows)
+        self.exchange = 0.0
         if not self.interval:
             return
+        self.exchange = local_step_times(plan, self.interval)[2]
         # (every rank's local_world: each node's ranks, as many times)
         why = refuses_local_steps(plan.strategy, gather(local_world))
         if why:
