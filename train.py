@@ -150,7 +150,8 @@ run_plan = search.make_plan(
 if not run_plan.fits:
     die(f"plan={plan} does not fit: {run_plan.advice}")
 local = local_steps.LocalSteps(config, run_plan, rank, world_size, local_world)
-knobs.check_run(config, run_plan.step_time, local.exchange)  # stall_timeout
+# stall_timeout: above the plan's step
+knobs.check_run(config, run_plan.step_time, local.exchange_seconds)
 # The initial weights: a function of (seed, name) under every placement.
 # 'cpu': the whole model on the host first; 'meta': each rank makes its shard.
 torch.manual_seed(seed)

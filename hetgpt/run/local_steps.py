@@ -51,10 +51,10 @@ class LocalSteps:
         # the group of the inner data parallelism: None, every rank
         self.group = None
         # the exchange's predicted seconds (a wait the watchdog allows)
-        self.exchange = 0.0
+        self.exchange_seconds = 0.0
         if not self.interval:
             return
-        self.exchange = local_step_times(plan, self.interval)[2]
+        self.exchange_seconds = local_step_times(plan, self.interval)[2]
         # (every rank's local_world: each node's ranks, as many times)
         why = refuses_local_steps(plan.strategy, gather(local_world))
         if why:
