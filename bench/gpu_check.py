@@ -8,15 +8,23 @@ The GPU checks, as one command for one H100/H200-class GPU, ending inside 540 s 
   3. the largest configs/ model that this GPU and host train, as plan.py says (when it is 1.3B, the
      row of 4's compiled 1.3B run);
   4. tokens/s and MFU of 124M and 1.3B (bf16, torch.compile), steady state after warm-up;
-  5. the clock's kernels (bench/kernel_rates.py, at most 30 s): every matmul shape and attention
+  5. the clock's kernels (bench/kernel_rates.py, at most 60 s): every matmul shape and attention
      kernel of a 1.3B micro-batch as the planner records them, timed on this GPU, against the
-     seconds the clock gives each at its published rate; and a streaming copy against its HBM rate;
+     seconds the clock gives each at its published rate; and a streaming copy against its HBM rate.
+     Sustained rates, as MSMF: the clock settled first (a matmul loop until two 0.5 s windows in a
+     row agree within 2%), then the shapes that carry 90% of the predicted time each timed over a
+     window of 2 s (the rest at their burst); every shape also timed as a 20 ms burst, as MAMF.
+     Its row: the sustained tokens/s, and in its note the burst ones and the sustained and burst
+     TFLOP/s of the matmul of the most predicted time, and their ratio (MSMF / MAMF);
   6. float16 with loss scaling (124M, eager), with a checkpoint at step 2 and 4; then the run
      resumed from step 2 on CUDA, its losses at steps 3 and 4 against the first run's.
 Each run is train.py through bench/throughput.py (random tokens, no checkpoint on disk), weights
 first made on the meta device (never a whole model on the host), with its own time limit. The
 compiled runs come last and take what the eager ones leave (their first compile: 60-120 s each).
-Time limits (LIMITS): each memory run 30 s, the kernels 40 s, each float16 run 45 s, offload 90 s,
+Every train.py run's row holds its measured step (the median after warm-up) beside the step
+the planner predicted for it (the line 'predicted: step ... s' of the plan table it printed after
+the probe step).
+Time limits (LIMITS): each memory run 30 s, the kernels 60 s, each float16 run 45 s, offload 90 s,
 the largest config (when not 1.3B) 60 s, 124M compiled 120 s, 1.3B compiled the rest up to 200 s;
 a run with too little left is skipped.
 
@@ -69,11 +77,12 @@ BUDGET_S = 540
 END_S = 15  # of the budget, kept for the shell's checks before and the summary after
 # (cap, floor) seconds per check, by label prefix: a run's limit is its cap, or what is left of
 # the budget if less; with less than its floor left it is skipped. Eager runs on the GPU take about
-# 15-20 s each (start-up, plan, probe, 2 steps). Expected (eager ~20 s each, kernels ~15,
-# offload ~60, 124M ~100), the 1.3B compile gets 525 - 355 = ~170 s; worst case, every run before
-# it at its cap (6 × 30 + 40 + 2 × 45 + 90 + 120 = 520 s), it is skipped (FAILED) and the rows
+# 15-20 s each (start-up, plan, probe, 2 steps). Expected (eager ~20 s each, kernels ~40: a
+# settled clock and 2 s windows, offload ~60, 124M ~100), the 1.3B compile gets 525 - 380 = ~145 s;
+# worst case, every run before it at its cap (6 × 30 + 60 + 2 × 45 + 90 + 120 = 540 s), it is
+# skipped (FAILED) and the rows
 # before it stand. The largest config runs (eagerly, 60 s more) only when it is not 1.3B.
-LIMITS = {'mem': (30, 15), 'kernels': (40, 15), 'fp16': (45, 20), 'offload': (90, 45),
+LIMITS = {'mem': (30, 15), 'kernels': (60, 30), 'fp16': (45, 20), 'offload': (90, 45),
           'largest': (60, 30), '124M compile': (120, 60), '1.3B compile': (200, 90)}
 DRY_LIMITS = (120, 5)  # tiny and eager, on a loaded 2-core machine
 PLAN_WAIT_S = 60  # for plan_ahead, at most, when the offload run needs it (it runs from the start)
@@ -84,7 +93,8 @@ STRATEGIES = ('ddp', 'ddp+ac', 'fsdp')
 OFFLOAD_SHAPES = [(24, 1024, 16), (24, 2048, 16), (32, 2560, 32), (32, 4096, 32), (40, 5120, 40)]
 COLUMNS = ['check', 'plan', 'micro-batch', 'tokens/s', 'predicted tokens/s', 'MFU',
            'memory GiB: predicted', 'probe alloc / reserved', 'steps alloc / reserved',
-           'outside allocator', 'host GiB: predicted / peak RSS', 'wall s', 'note']
+           'outside allocator', 'host GiB: predicted / peak RSS', 'step s: predicted / measured',
+           'wall s', 'note']
 
 
 def gpu_facts():
@@ -152,10 +162,11 @@ def plan_ahead(gpu, host_gib, dry):
 def md_row(r):
     # The summary's row of a run. Predicted memory is the planner's total, the CUDA context and NCCL
     # ('outside allocator', measured at start-up) included; the probe's and the steps' peaks are
-    # the allocator's alone. A peak the run could not measure (None) is '-'.
+    # the allocator's alone. A peak the run could not measure (None) is '-', as is a step not
+    # said (the kernels' row: its micro-batch's seconds are its tokens/s).
     f = lambda x, spec='.1f': '-' if x is None else format(x, spec)
     if 'error' in r:
-        cells = [r['label']] + [''] * 10 + [f(r.get('wall'), '.0f'), f"**FAILED: {r['error']}** {r['note']}"]
+        cells = [r['label']] + [''] * 11 + [f(r.get('wall'), '.0f'), f"**FAILED: {r['error']}** {r['note']}"]
     else:
         p = r['plan']
         ac = ' (ac)' if p.get('ac') and '+ac' not in p.get('plan', '') else ''
@@ -164,14 +175,17 @@ def md_row(r):
                  f"{100 * r['mfu']:.1f}%" if r['mfu'] else '-', f(p.get('pred_gib')),
                  f"{f(p.get('probe_alloc_gib'))} / {f(p.get('probe_gib'))}",
                  f"{f(r['mem_gib'])} / {f(r['reserved_gib'])}", f(p.get('overhead_gib'), '.2f'),
-                 f"{f(p.get('pred_host_gib'))} / {f(r['host_gib'])}", f(r['wall'], '.0f'), r['note']]
+                 f"{f(p.get('pred_host_gib'))} / {f(r['host_gib'])}",
+                 f"{f(r.get('pred_step_s'), '.3g')} / {f(r.get('step_s'), '.3g')}",
+                 f(r['wall'], '.0f'), r['note']]
     return '| ' + ' | '.join(cells) + ' |'
 
 
 def json_row(r):
     # The .jsonl row of a run: what the .md row shows and the whole plan row (no output: the log has it)
     keep = ('label', 'args', 'note', 'limit_s', 'wall', 'tokens_per_sec', 'mfu', 'mem_gib',
-            'reserved_gib', 'host_gib', 'steps', 'plan', 'kernels', 'losses', 'error')
+            'reserved_gib', 'host_gib', 'step_s', 'pred_step_s', 'steps', 'plan', 'kernels',
+            'sustained', 'burst_tokens_per_sec', 'losses', 'error')
     return json.dumps(dict(failed='error' in r, **{k: r[k] for k in keep if k in r}))
 
 
@@ -305,16 +319,18 @@ class Check:
     def kernels(self):
         # bench/kernel_rates.py on 1.3B's shapes (a tiny model's on the CPU), in a process of its
         # own (it holds a CUDA context), its summary as a row: tokens/s of the micro-batch's kernels
-        # measured and predicted; the ratio of each kind in the note
-        model = ['--n_layer=2', '--n_head=2', '--n_embd=64', '--block_size=64', '--device=cpu'] \
-            if self.dry else []
+        # at sustained rates and predicted; in the note the ratio of each kind, the burst tokens/s,
+        # and the sustained and burst TFLOP/s of the matmul of the most predicted time (their
+        # ratio: MSMF / MAMF)
+        model = ['--n_layer=2', '--n_head=2', '--n_embd=64', '--block_size=64', '--vocab_size=512',
+                 '--device=cpu'] if self.dry else []
         limit, skipped = self.limit('kernels')
         args = [sys.executable, os.path.join(ROOT, 'bench', 'kernel_rates.py'), 'configs/gpt_1p3b.py',
                 *model]
         row = dict(label='kernels', args=' '.join(args[1:]), note='')
         if skipped:
             return self.record(dict(row, error=skipped))
-        args.append(f'--budget={min(20, max(5, limit - 10))}')  # (start-up and plan: ~10 s)
+        args.append(f'--budget={max(5, limit - 12)}')  # (start-up and plan: ~10 s)
         t0 = time.time()
         try:
             p = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=limit)
@@ -332,12 +348,26 @@ class Check:
         said = '; '.join(f"{kind} {v['ratio']:.2f}×" + (f" ({v['untimed']} shapes untimed)"
                                                        if v.get('untimed') else '')
                          for kind, v in k['kinds'].items() if v['ratio'] is not None)
+        sus, big = k['sustained'], k['sustained']['big']
+        ratio = '-'
+        if big['ratio']:
+            ratio = f"{big['ratio']:.2f}"
+        settled = 'settled'
+        if not sus['settled']:
+            settled = 'not settled'
         row.update(tokens_per_sec=k['measured_tokens_per_sec'], mfu=None, mem_gib=None,
-                   reserved_gib=None, host_gib=None, kernels=k['kinds'],
+                   reserved_gib=None, host_gib=None, kernels=k['kinds'], sustained=sus,
+                   burst_tokens_per_sec=k['burst_tokens_per_sec'],
                    plan=dict(plan=k['strategy'] + ('+ac' if k['ac'] and '+ac' not in k['strategy'] else ''),
                              micro_batch=k['micro'], pred_tokens_per_sec=k['predicted_tokens_per_sec']),
-                   note=f"measured / predicted seconds, {k['dtype']}: {said}; copy at "
-                        f"{k['kinds']['memory']['copy_gbs']:,.0f} GB/s")
+                   note=f"sustained / predicted seconds, {k['dtype']}: {said}; burst "
+                        f"{k['burst_tokens_per_sec']:,.0f} tokens/s; matmul {big['shape']} "
+                        f"{big['tflops'] or 0:.4g} TFLOP/s sustained, "
+                        f"{big['burst_tflops'] or 0:.4g} burst: sustained / burst {ratio}; clock {settled} after "
+                        f"{sus['settle_s']:.1f} s, windows of {sus['window']:g} s over "
+                        f"{sus['share']:.0%} of the predicted time; copy at "
+                        f"{k['kinds']['memory']['copy_gbs']:,.0f} GB/s sustained, "
+                        f"{k['kinds']['memory']['copy_burst_gbs']:,.0f} burst")
         return self.record(row)
 
     def plan_ahead(self, gpu, host):

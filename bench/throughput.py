@@ -16,6 +16,7 @@ import contextlib
 import datetime
 import os
 import platform
+import re
 import signal
 import statistics
 import subprocess
@@ -34,7 +35,9 @@ def measure(train_args, steps=10, warmup=3, nproc=1, timeout=None, log_path=None
             then=()):
     # Runs train.py; returns a dict: tokens_per_sec, mfu, mem_gib (max allocated), reserved_gib,
     # host_gib (peak RSS) over the steps after warm-up, their losses, the plan row, the plan
-    # table, wall seconds; or error (the output's tail) when it failed or ran out of time.
+    # table, step_s and pred_step_s (the median step's seconds, and the step the plan's table
+    # predicted: its line 'predicted: step ... s'; None when not said), wall seconds; or error
+    # (the output's tail) when it failed or ran out of time.
     # log_path: train.py's output. work: a folder that outlives the run (its data and out_dir:
     # a second run resumes there), else a temporary one. then: arguments after measure's own
     # (which write no checkpoint and start from scratch), e.g. --checkpoint_interval=2.
@@ -86,9 +89,14 @@ def measure(train_args, steps=10, warmup=3, nproc=1, timeout=None, log_path=None
     start = next((i for i, line in enumerate(lines) if line.startswith('plan:')), 0)
     end = next((i + 1 for i, line in enumerate(lines) if line.startswith('candidates:')), start)
     mfus = [r['mfu'] for r in steps_rows if r.get('mfu')]
+    tokens_per_sec = statistics.median(r['tokens_per_sec'] for r in steps_rows)
+    pred_step = re.search(r'^predicted: step (\S+) s', out, re.M)
+    per_step = re.search(r'([\d,]+) tokens per step', out)
+    step_s = per_step and int(per_step[1].replace(',', '')) / tokens_per_sec
     # a peak the run could not measure is null in its rows (the host's on CUDA without a reset)
     peak = lambda key: max((r[key] for r in steps_rows if r.get(key) is not None), default=None)
-    return dict(tokens_per_sec=statistics.median(r['tokens_per_sec'] for r in steps_rows),
+    return dict(tokens_per_sec=tokens_per_sec, step_s=step_s,
+                pred_step_s=pred_step and float(pred_step[1]),
                 mfu=statistics.median(mfus) if mfus else None,
                 mem_gib=peak('mem_gib'), reserved_gib=peak('reserved_gib'), host_gib=peak('host_gib'),
                 mem_per_step=[r.get('mem_gib') for r in steps_rows],

@@ -42,6 +42,8 @@ def agree(md_rows, jsonl):
             assert cells[2] == f"{r['tokens_per_sec']:,.0f}"
             mem = '- / -' if r['mem_gib'] is None else f"{r['mem_gib']:.1f} / {r['reserved_gib']:.1f}"
             assert cells[7] == mem
+            step = [f"{r[k]:.3g}" if r.get(k) else '-' for k in ('pred_step_s', 'step_s')]
+            assert cells[-3] == ' / '.join(step)
 
 
 def test_gpu_check_dry_run_walks_every_check_and_writes_three_files(tmp_path):
@@ -75,9 +77,25 @@ def test_gpu_check_dry_run_walks_every_check_and_writes_three_files(tmp_path):
     assert log.count('--init_device=meta') == 11 and log.count('iter 2: loss') == 10
     # the clock's kernels, every kind timed; float16's loss scale saved, and the resumed steps
     # the same as the steps of the run that went on (on the CPU, bit for bit)
-    kernels = next(r for r in jsonl if r['label'] == 'kernels')['kernels']
+    row = next(r for r in jsonl if r['label'] == 'kernels')
+    kernels = row['kernels']
     assert sorted(kernels) == ['attention', 'matmuls', 'memory'], kernels
     assert all(k['timed'] and k['measured'] > 0 and k['predicted'] > 0 for k in kernels.values())
+    # sustained as MSMF (a settled clock, then windows), beside the bursts: the shape that carries
+    # the most predicted time timed both ways, and the row's tokens/s the sustained walk's
+    sus = row['sustained']
+    assert kernels['matmuls']['sustained'] >= 1 and kernels['matmuls']['burst'] > 0
+    assert sus['settle_s'] > 0 and sus['window'] > 0 and 0 < sus['share'] <= 1
+    big = sus['big']
+    assert big['tflops'] > 0 and big['burst_tflops'] > 0
+    assert abs(big['ratio'] - big['tflops'] / big['burst_tflops']) < 1e-6 * big['ratio']
+    assert row['burst_tokens_per_sec'] > 0 and row['tokens_per_sec'] > 0
+    assert f"sustained / burst {big['ratio']:.2f}" in rows['kernels'][-1]
+    assert rows['kernels'][-3] == '- / -'
+    # every train.py run: the planner's predicted step beside its measured one
+    for r in jsonl:
+        if r['label'] != 'kernels':
+            assert r['pred_step_s'] > 0 and r['step_s'] > 0, r
     assert 'loss scale 65536 at step 2' in rows['fp16 save'][-1]
     assert rows['fp16 resume'][-1].endswith('(apart by 0 of the loss)'), rows['fp16 resume']
 
@@ -109,11 +127,11 @@ def test_summary_row_of_a_gpu_run():
     plan = dict(plan='ddp', ac=False, micro_batch=16, pred_gib=80.0, pred_host_gib=3.0, pred_tokens_per_sec=5e4,
                 probe_gib=70.0, probe_alloc_gib=65.0, overhead_gib=0.75)
     run = dict(label='1.3B compile', note='', tokens_per_sec=4.2e4, mfu=0.385, mem_gib=66.0, reserved_gib=71.0,
-               host_gib=None, wall=80.0, plan=plan)
+               host_gib=None, wall=80.0, plan=plan, pred_step_s=0.3277, step_s=0.39)
     failed = dict(label='offload', note='(2.7B)', error='timed out after 80 s', wall=80.0)
     table = gpu_check.summary([run, failed]).splitlines()
     assert table[2] == ('| 1.3B compile | ddp | 16 | 42,000 | 50,000 | 38.5% | 80.0 | 65.0 / 70.0 | 66.0 / 71.0 '
-                        '| 0.75 | 3.0 / - | 80 |  |')
+                        '| 0.75 | 3.0 / - | 0.328 / 0.39 | 80 |  |')
     assert table[3].startswith('| offload |') and '**FAILED: timed out after 80 s** (2.7B)' in table[3]
     assert len({line.count('|') for line in table}) == 1  # every row has the header's columns
     assert json.loads(gpu_check.json_row(run))['host_gib'] is None
