@@ -17,7 +17,7 @@ import sys
 from trainer import ROOT
 
 PACKAGE = os.path.join(ROOT, 'hetgpt')
-LEAVES = {'errors', 'knobs', 'hardware', 'gpus', 'rates', 'init_weights'}
+LEAVES = {'errors', 'knobs', 'hardware', 'gpus', 'rates', 'init_weights', 'owners'}
 
 
 def modules():
