@@ -73,8 +73,26 @@ GPUS = {  # name: _gpu(MiB, bf16, fp16, tf32, fp32, hbm, host, p2p, net)
     'T4':             _gpu(15360, None, 65, None, 8.1, 320, 15.75, 15.75),
 }
 
+# Each row's GPU generation (its architecture), which picks the step
+# efficiency (hetgpt/planner/efficiency.py): NVIDIA's architecture of each
+# part (V100: Volta; T4, RTX 2080 Ti: Turing; A100, A10/A10G, A40, A6000,
+# RTX 3090: Ampere; L4, L40S, RTX 4090: Ada Lovelace; H100, H200, GH200:
+# Hopper).
+GENERATION = {'Hopper': ('H200', 'H200-NVL', 'GH200', 'GH200-144GB',
+                         'H100-SXM', 'H100-PCIe'),
+              'Ampere': ('A100-80GB', 'A100-40GB', 'A100-PCIe-80GB',
+                         'A100-PCIe-40GB', 'RTX3090', 'A6000', 'A40',
+                         'A10G', 'A10'),
+              'Ada': ('RTX4090', 'L40S', 'L4'),
+              'Turing': ('RTX2080Ti', 'T4'),
+              'Volta': ('V100-32GB', 'V100-16GB')}
+for _gen, _names in GENERATION.items():
+    for _name in _names:
+        GPUS[_name]['generation'] = _gen
+
 # not in the table (mem must be given)
-UNKNOWN_GPU = _gpu(0, 50, 50, 25, 12, 1000, 15.75, 15.75)
+UNKNOWN_GPU = dict(_gpu(0, 50, 50, 25, 12, 1000, 15.75, 15.75),
+                   generation=None)
 
 # The host CPUs of each part's reference system, for the dry run's offloaded
 # optimizer step (a GPU rank measures its own at start-up): memory bandwidth

@@ -500,7 +500,9 @@ def test_a_stated_memory_is_the_rank_s_budget_and_its_probe_room(monkeypatch):
 def test_h100_over_a100_is_the_published_ratio():
     # MosaicML's MPT 1B on 8 H100-SXM and on 8 A100-80GB (bench/published.py): 45,455 against
     # 20,513 tokens/s per GPU, 2.22x. The planner's kernels at published micro-benchmark rates
-    # (hetgpt/planner/timing.py) give the ratio within 15%; one efficiency for every GPU gave 3.1x.
+    # (hetgpt/planner/timing.py, the ceiling: 2.49x) over each generation's step efficiency
+    # (hetgpt/planner/efficiency.py: Hopper's and Ampere's priors) give the ratio within 15%; one
+    # efficiency for every GPU at 0.5 of peak gave 3.1x.
     sys.path.insert(0, str(ROOT / 'bench'))
     import published
     runs = {(gpu, n): r for size, gpu, n, *r in published.MPT_RUNS if size == '1b'}
@@ -513,16 +515,16 @@ def test_h100_over_a100_is_the_published_ratio():
 
 
 def test_published_runs_are_at_most_the_kernels_rates():
-    # Every published run (bench/published.py) against the planner: kernels at their
-    # micro-benchmark rates are an upper bound for PyTorch's eager and compiled runs
-    # (torchtitan, MPT: 1.2-1.7x published, the gap no published micro-benchmark explains);
-    # llm.c's own kernels (cuDNN attention, the loss fused in one pass, LayerNorm with the
-    # residual) reach them: its three runs within 25%; so does ZeRO-Offload's 10B on one V100
-    # (fsdp+ac+offload: a step mostly PCIe copies and the host's optimizer step).
+    # Every published run (bench/published.py) against the planner's ceiling (every GPU rank's
+    # compute at efficiency 1.0: kernels at their micro-benchmark rates): an upper bound for
+    # PyTorch's eager and compiled runs (torchtitan, MPT, TinyLlama, ZeRO-Offload, Megatron-LM:
+    # 1.2-2.0x published, what the step efficiency divides, tests/test_efficiency.py); llm.c's own
+    # kernels (cuDNN attention, the loss fused in one pass, LayerNorm with the residual) reach
+    # them: its three runs within 25% of the ceiling.
     sys.path.insert(0, str(ROOT / 'bench'))
     import published
     for r in published.compare() + published.compare_mpt():
-        low, high = (0.75, 1.25) if r['what'].startswith(('llm.c', 'ZeRO')) else (1.0, 1.8)
+        low, high = (0.75, 1.25) if r['what'].startswith('llm.c') else (1.0, 2.0)
         assert low <= r['ratio'] <= high, r
 
 

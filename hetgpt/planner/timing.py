@@ -19,6 +19,7 @@ from hetgpt.planner.balance import (EXACT, lockstep_count,
                                     lockstep_segments, runs,
                                     split_shares, weighted_shares)
 from hetgpt.planner import cluster, costs
+from hetgpt.planner.efficiency import prior, step_efficiency
 from hetgpt.planner.costs import counts, flops_per_sequence
 from hetgpt.planner.memory import optimizer_state, sharded
 from hetgpt.rates import GEMM_SM90
@@ -193,11 +194,12 @@ def memory_seconds(gpu, nbytes):
 def said(ranks):
     """How the plan timed each kind of GPU in it, in one line.
 
-    Each kind: a published row, or the stated fallback.
+    Each kind: a published row, or the stated fallback; and the step
+    efficiency its compute runs at (its generation's prior, or measured).
     """
     out = []
-    gpus = (r['gpu'] for r in ranks if r['device'] == 'cuda')
-    for gpu in dict.fromkeys(gpus):
+    gpus = {r['gpu']: r for r in ranks if r['device'] == 'cuda'}
+    for gpu, r in gpus.items():
         if gpu in MAMF:
             mm = f"matmuls {MAMF[gpu]:g} TFLOP/s at best"
         else:
@@ -208,7 +210,12 @@ def said(ranks):
         else:
             share = ATTENTION_FALLBACK[0]
             att = f"attention at {share:.0%} of peak (no row)"
-        out.append(f"{gpu or 'GPU'} {mm}, {att}")
+        e, gen = prior(gpu)
+        how = f"{gen or 'fallback'} prior"
+        if r.get('efficiency'):
+            e, how = r['efficiency'], 'measured'
+        out.append(f"{gpu or 'GPU'} {mm}, {att}, "
+                   f"step efficiency {e:.2f} ({how})")
     if not out:
         flops = ranks[0].get('flops') or CPU_FLOPS
         return f"CPU at {flops:.3g} FLOP/s"
@@ -286,19 +293,22 @@ def compute(cfg, rank, ac, shard, micro):
 
     A micro-batch takes c0 + c1 × its size (balance.py splits by them).
     A GPU: its kernels by kind (_kernels), c1 their seconds per sequence
-    at this size; a CPU: its FLOPs at CPU_FLOPS.
+    at this size; a CPU: its FLOPs at CPU_FLOPS. Both over the rank's
+    step efficiency (efficiency.step_efficiency: kernel rates are the
+    ceiling).
     """
-    c0 = launches(cfg, shard)
+    eff = step_efficiency(rank)
+    c0 = launches(cfg, shard) / eff
     if rank['device'] == 'cpu':
         # (its FLOP/s where stated: plan.py --cpu_gflops)
         flops = rank.get('flops') or CPU_FLOPS
-        return c0, flops_per_sequence(cfg, ac) / flops
+        return c0, flops_per_sequence(cfg, ac) / flops / eff
     gpu = None
     if rank['gpu'] in GPUS:
         gpu = rank['gpu']
     micro = max(micro, 1)
     kernels = _kernels(cfg, gpu, rank['dtype'], shard, ac, micro)
-    return c0, sum(kernels.values()) / micro
+    return c0, sum(kernels.values()) / micro / eff
 
 
 def per_sequence(cfg, rank, ac, shard, micro):
