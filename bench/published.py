@@ -55,17 +55,22 @@ LLMC_1558M = ("karpathy/llm.c scripts/run_gpt2_1558M.sh: 'steps in 2.80s/iter' o
 ZERO_OFFLOAD_10B = GPTConfig(n_layer=50, n_embd=4096, n_head=32, vocab_size=50257, block_size=1024, bias=True)
 ZERO_OFFLOAD = ("Ren et al., ZeRO-Offload, arXiv 2101.06840: 40 TFLOP/s on one V100 for 10B; DeepSpeed "
                 "docs/_tutorials/zero-offload.md for its shape and batch (50 × 4096, batch 10, checkpointing)")
-# NVIDIA's Megatron-LM (Shoeybi et al., arXiv 1909.08053, abstract and table 1): "a strong single GPU
-# baseline that sustains 39 TeraFLOPs, which is 30% of peak FLOPs", the 1.2B GPT-2 (40 layers, hidden
-# 1536, 16 heads, vocabulary 51,200, sequence 1024) on one V100 32GB, batch 8, fp16, activation
-# checkpointing (no model parallelism on one GPU: a plain PyTorch step). TFLOP/s to tokens/s by
-# Megatron's count (4 passes of 24·l·h²·(1 + s/6h + V/16lh) per token): 1.05e10 FLOPs, 3,700
-# tokens/s. Cross-check: NVIDIA's Megatron v1.0 post (nv-adlr.github.io/MegatronLMV1, table 1) has
-# the same 1.2B at 1,288 ms per batch-8 iteration for 62.4 TFLOP/s, 9.8e9 FLOPs per token by its
-# count, which would put 39 TFLOP/s at 3,980 tokens/s (+7%).
+# NVIDIA's Megatron-LM (Shoeybi et al., arXiv 1909.08053, section 5.1.1 and table 1): the 1.2B
+# GPT-2 (40 layers, hidden 1536, 16 heads; vocabulary padded to 51,200, sequence 1024, section 5.1)
+# "on a single GPU ... achieves 39 TeraFLOPS during the overall training process, which is 30% of
+# the theoretical peak FLOPS for a single GPU in a DGX-2H server" (V100 SXM3 32GB, section 5), at
+# "a fixed batch size of 8" (5.1), mixed precision, "activation checkpointing after every
+# transformer layer" (4.2). One GPU, no model parallelism: a plain PyTorch step. The paper prints
+# no FLOP count; TFLOP/s to tokens/s by the one Megatron later published (Narayanan et al., arXiv
+# 2104.04473, appendix: 4 passes of 24·l·h²·(1 + s/6h + V/16lh) per token with checkpointing, as
+# ZeRO-Offload's row above): 1.05e10 FLOPs, 3,700 tokens/s. Cross-check: NVIDIA's Megatron v1.0
+# post (nv-adlr.github.io/MegatronLMV1, table 1) has the same 1.2B at 1,288 ms per batch-8
+# iteration for 62.4 TFLOP/s, 9.8e9 FLOPs per token by its count, which would put 39 TFLOP/s at
+# 3,980 tokens/s (+7%). (The DGX-2H's V100 runs at 450 W: 130 TFLOP/s peak by the paper's 30%,
+# against the table's 125.)
 MEGATRON_1P2B = GPTConfig(n_layer=40, n_embd=1536, n_head=16, vocab_size=51200, block_size=1024, bias=True)
-MEGATRON = ("Shoeybi et al., Megatron-LM, arXiv 1909.08053: 39 TFLOP/s sustained by the 1.2B baseline on "
-            "one V100 (30% of peak), batch 8, checkpointing; Megatron's FLOP count")
+MEGATRON = ("Shoeybi et al., Megatron-LM, arXiv 1909.08053 sections 4.2, 5.1: 39 TFLOP/s by the 1.2B "
+            "baseline on one V100 32GB, batch 8, checkpointing; FLOPs as arXiv 2104.04473's appendix counts")
 # TinyLlama (Zhang et al., arXiv 2401.02385; jzhang38/TinyLlama README, "Blazingly Fast"): "a
 # throughput of 24k tokens per second per A100-40G GPU ... without activation checkpointing", lit-gpt
 # with FSDP (PyTorch; FlashAttention-2, fused SwiGLU, LayerNorm, loss and rotary), 16 A100-40G,

@@ -677,17 +677,20 @@ def test_what_each_gpu_kind_adds_and_the_dtype_each_computes_in(capsys):
     # speed, which mixes its kinds of work: no lower than its slowest kind's ratio to the A100's,
     # no higher than its fastest's (the cited rates: matmuls 0.8 of peak against the A100's
     # 271.2 TFLOP/s; attention 35% of peak against FA2's 63-73%; memory 900 GB/s against 2,039).
-    # float16 on the V100s then beats bfloat16 everywhere; dtype=auto computes each GPU in its
-    # fastest (DDP), or all in float16 (FSDP); plan.py says what the V100s add and, from
+    # Both over their generation's step efficiency (hetgpt/planner/efficiency.py: Volta's against
+    # Ampere's). float16 on the V100s then beats bfloat16 everywhere; dtype=auto computes each
+    # GPU in its fastest (DDP), or all in float16 (FSDP); plan.py says what the V100s add and, from
     # --dtype=bfloat16, that auto is faster.
     import re
+    from hetgpt.planner.efficiency import STEP_EFFICIENCY
     v100 = {'bfloat16': 15.7, 'float16': 125}
+    slower = STEP_EFFICIENCY['Volta'] / STEP_EFFICIENCY['Ampere']
     ranks = expand(plan._cluster('2xA100-80GB,2xV100-32GB', 2, None))  # (rank by rank)
     cfg, batch = load('gpt_1p3b')
     for dtype in ('bfloat16', 'float16', 'auto'):
         p = search.make_plan(cfg, batch, ranks, dtype=dtype)
         v = 'float16' if dtype == 'auto' else dtype
-        kinds = (0.8 * v100[v] / 271.2, 0.35 * v100[v] / (0.63 * 312), 900 / 2039)
+        kinds = [slower * x for x in (0.8 * v100[v] / 271.2, 0.35 * v100[v] / (0.63 * 312), 900 / 2039)]
         share = lambda x: x / (1 + x)  # a V100's share beside an A100 whose speed is 1
         assert share(min(kinds)) <= p.share[2] / (p.share[0] + p.share[2]) <= share(max(kinds))
         assert p.dtypes[2:] == [v] * 2

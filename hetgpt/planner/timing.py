@@ -25,8 +25,9 @@ from hetgpt.planner.memory import optimizer_state, sharded
 from hetgpt.rates import GEMM_SM90
 
 # A GPU rank's compute, kind by kind, each at a published
-# micro-benchmark's rate (never a training run's throughput); the probe
-# step then measures the real one.
+# micro-benchmark's rate: the ceiling, which the step efficiency fitted
+# on published training runs divides (hetgpt/planner/efficiency.py); the
+# probe step then measures the real one.
 # Matmuls: the best BF16 rate a part reaches (TFLOP/s), Stas Bekman's
 # ml-engineering, compute/accelerator/README.md, "Maximum Achievable
 # Matmul FLOPS" (mamf-finder.py, torch 2.5-2.7): A100-SXM 271.2 (86.9% of
