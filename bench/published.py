@@ -231,16 +231,6 @@ def validate():
     return rs, full
 
 
-def compare():
-    """Each row of PUBLISHED (not MPT) with its ceiling ratio (efficiency 1.0)."""
-    return [dict(r, ratio=ratio(r, 1.0)) for r in rows() if not r['what'].startswith('MPT')]
-
-
-def compare_mpt():
-    """Each MPT row with its ceiling ratio (efficiency 1.0)."""
-    return [dict(r, ratio=ratio(r, 1.0)) for r in rows() if r['what'].startswith('MPT')]
-
-
 def h100_over_a100():
     """(predicted, published) H100/A100 tokens/s per GPU at MPT 1B on 8 GPUs, at the stored priors."""
     runs = {gpu: r for size, gpu, n, *r in MPT_RUNS if size == '1b' and n == 8}

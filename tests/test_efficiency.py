@@ -47,11 +47,14 @@ def test_each_source_is_predicted_within_25_percent_by_the_others(validated):
 
 
 def test_the_kernel_rates_are_a_ceiling_for_every_pytorch_run(validated):
-    # at efficiency 1.0 no PyTorch run is faster than predicted
+    # At efficiency 1.0 (kernels at their micro-benchmark rates) every PyTorch run (torchtitan,
+    # MPT, TinyLlama, ZeRO-Offload, Megatron-LM) is predicted 1.0-2.0x faster than it ran: the
+    # gap the step efficiency divides. llm.c's own kernels (cuDNN attention, the loss fused in
+    # one pass, LayerNorm with the residual) reach the ceiling: its three runs within 25% of it.
     rows, _ = validated
     for r in rows:
-        if r['fit']:
-            assert r['ceiling'] >= 1.0, (r['what'], r['gpu'], r['ceiling'])
+        low, high = (1.0, 2.0) if r['fit'] else (0.75, 1.25)
+        assert low <= r['ceiling'] <= high, (r['what'], r['gpu'], r['ceiling'])
 
 
 def test_the_affine_step_is_the_planners_at_the_stored_efficiency(validated):
@@ -64,14 +67,14 @@ def test_the_affine_step_is_the_planners_at_the_stored_efficiency(validated):
         assert planned == pytest.approx(r['full'], rel=0.01), what
 
 
-def test_h100_over_a100_and_the_mixed_clusters_shares_are_the_published_ratio():
-    # MPT 1B on 8 H100-SXM and 8 A100-80GB: published 2.22 per GPU; the planner within 15%, and
-    # plan.py's split of gpt_1p3b's batch over 2 H100 + 2 A100 in that proportion within 15%
-    predicted, pub = published.h100_over_a100()
-    assert pub == pytest.approx(2.22, abs=0.01)
-    assert predicted == pytest.approx(pub, rel=0.15)
+def test_the_mixed_clusters_shares_are_the_published_h100_over_a100():
+    # MPT 1B on 8 H100-SXM and 8 A100-80GB: published 2.22 tokens/s per GPU (the planner's own
+    # ratio: tests/test_plan.py::test_h100_over_a100_is_the_published_ratio). plan.py configs/
+    # gpt_1p3b.py --gpus=2xH100-SXM,2xA100-80GB, run as a user runs it (~17 s: the command the
+    # issue names), splits the batch in that proportion within 15%.
+    runs = {gpu: tps for size, gpu, n, *_, tps in published.MPT_RUNS if size == '1b' and n == 8}
     h, a = published.mixed_shares()
-    assert h / a == pytest.approx(pub, rel=0.15)
+    assert h / a == pytest.approx(runs['H100-SXM'] / runs['A100-80GB'], rel=0.15)
 
 
 def test_a_measured_efficiency_replaces_the_prior_and_divides_compute():
