@@ -20,6 +20,7 @@ from hetgpt.planner.balance import (EXACT, lockstep_count,
                                     split_shares, weighted_shares)
 from hetgpt.planner import cluster, costs
 from hetgpt.planner.costs import counts, flops_per_sequence
+from hetgpt.planner.efficiency import step_efficiency
 from hetgpt.planner.memory import optimizer_state, sharded
 from hetgpt.rates import GEMM_SM90
 
@@ -210,7 +211,8 @@ def said(ranks):
             att = f"attention at {share:.0%} of peak (no row)"
         out.append(f"{gpu or 'GPU'} {mm}, {att}")
     if not out:
-        flops = ranks[0].get('flops') or CPU_FLOPS
+        flops = (ranks[0].get('flops') or CPU_FLOPS) \
+            * step_efficiency(ranks[0])
         return f"CPU at {flops:.3g} FLOP/s"
     hbm = f"memory at {HBM_EFFICIENCY:.0%} of HBM"
     return '; '.join(out + [hbm])
@@ -286,19 +288,21 @@ def compute(cfg, rank, ac, shard, micro):
 
     A micro-batch takes c0 + c1 × its size (balance.py splits by them).
     A GPU: its kernels by kind (_kernels), c1 their seconds per sequence
-    at this size; a CPU: its FLOPs at CPU_FLOPS.
+    at this size; a CPU: its FLOPs at CPU_FLOPS. Both over the rank's
+    step efficiency (efficiency.py).
     """
-    c0 = launches(cfg, shard)
+    e = step_efficiency(rank)
+    c0 = launches(cfg, shard) / e
     if rank['device'] == 'cpu':
         # (its FLOP/s where stated: plan.py --cpu_gflops)
         flops = rank.get('flops') or CPU_FLOPS
-        return c0, flops_per_sequence(cfg, ac) / flops
+        return c0, flops_per_sequence(cfg, ac) / flops / e
     gpu = None
     if rank['gpu'] in GPUS:
         gpu = rank['gpu']
     micro = max(micro, 1)
     kernels = _kernels(cfg, gpu, rank['dtype'], shard, ac, micro)
-    return c0, sum(kernels.values()) / micro
+    return c0, sum(kernels.values()) / micro / e
 
 
 def per_sequence(cfg, rank, ac, shard, micro):
