@@ -102,8 +102,6 @@ def main(argv=None):
                "--host_mem 512\n"
                "  python plan.py configs/gpt_tiny.py --gpus 2xcpu --host_mem 16\n"
                "  python plan.py configs/gpt_1p3b.py --gpus 2xRTX4090 --nodes 2 --link_gbit 1\n"
-               "  python plan.py configs/gpt_tiny.py --gpus 4xcpu --host_mem 16 --measured "
-               "out/tiny\n"
                "exit status: 0 fits, 1 does not fit (and what would), 2 a mistake",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('config', nargs='+',
@@ -167,7 +165,9 @@ def main(argv=None):
     if config['outer_interval'] and why:  # (train.py would refuse the run)
         die(f"--outer_interval={config['outer_interval']} on {cluster.node_count(ranks)} nodes: "
             f"{why}; {_even(ranks)}, or --outer_interval=0")
-    record = args.measured and measured.read(args.measured)  # (a damaged one: one line)
+    record = None  # (a damaged one: one line, before torch)
+    if args.measured is not None:
+        record = measured.read(args.measured)
     inter_node_bw = args.inter_node_gbs and args.inter_node_gbs * 1e9
     if args.link_gbit:  # (per rank, as a GPU's NIC: timing.bandwidth sums a node's)
         inter_node_bw = args.link_gbit * 1e9 / 8 / max(cluster.per_node(ranks).values())

@@ -236,8 +236,15 @@ def calibrate(rec):
     scale = 1.0
     how = 'the step fitted'
     if rest < measured:
-        for _ in range(4):  # (affine in 1 / scale: exact at the first)
-            scale *= (step(scale) - rest) / (measured - rest)
+        # (the step falls as the scale grows: bisected in log space)
+        low, high = math.log(1 / HUGE), math.log(HUGE)
+        for _ in range(60):
+            mid = (low + high) / 2
+            if step(math.exp(mid)) > measured:
+                low = mid
+            else:
+                high = mid
+        scale = math.exp((low + high) / 2)
     elif relative is None:
         scale = step(1.0) / measured
         how = "the whole step over the priors' (their rest is slower)"
