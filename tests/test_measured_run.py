@@ -160,3 +160,29 @@ def test_a_file_or_a_missing_folder_is_one_line(tmp_path, monkeypatch, capfd):
 def test_help_says_it(monkeypatch, capfd):
     p = run_here(monkeypatch, capfd, 'plan.py', '--help')
     assert re.search(r'--measured OUT_DIR\s+a train\.py run', p.stdout), p.stdout
+
+
+def test_kinds_are_relative_as_their_compute_and_together_fit_the_step():
+    # A record of a CPU rank and an A100 (no run: the numbers are a record's): each kind's
+    # efficiency is its predicted compute (at 1.0) over its measured, times one scale, at which
+    # the planner predicts the record's measured step
+    from hetgpt.knobs import flags
+    from hetgpt.planner import timing
+    from model import GPTConfig
+    rec = json.loads(GOOD_TEXT)
+    rec['ranks'][1] = dict(kind='A100-80GB', dtype='bfloat16', ac=False, node=0)
+    found, how = measured.calibrate(rec)
+    cfg = GPTConfig(**rec['model'])
+    ratio = []
+    for r, meas in zip(rec['ranks'], (0.05, 0.06)):
+        rank = dict(device='cpu' if r['kind'] == 'cpu' else 'cuda', gpu=r['kind'],
+                    dtype=r['dtype'], node=0)
+        c0, c1 = timing.compute(cfg, rank, False, False, 8)
+        ratio.append((c0 + 8 * c1) / meas)
+    assert found['A100-80GB'] / found['cpu'] == pytest.approx(ratio[1] / ratio[0], rel=1e-9)
+    ranks = [dict(device=d, gpu=g, dtype=t, node=0, count=1, efficiency=found[g or 'cpu'])
+             for d, g, t in (('cpu', None, 'float32'), ('cuda', 'A100-80GB', 'bfloat16'))]
+    step = timing.step(cfg, 16, ranks, flags('ddp'), [8, 8], [False, False], True,
+                       weights=[8, 8])[0]
+    assert step == pytest.approx(16 * 64 / measured.tokens_per_sec(rec), rel=1e-6)
+    assert how == 'the step fitted'

@@ -179,11 +179,11 @@ def tokens_per_sec(rec):
     return statistics.median(x['tokens_per_sec'] for x in rows)
 
 
-def _ranks(rec, sizes, scale=1.0, relative=None):
+def _ranks(rec, scale=1.0, relative=None):
     """The run's ranks as timing.py takes them, each kind at scale × its
     relative efficiency."""
     out = []
-    for r, mine in zip(rec['ranks'], sizes):
+    for r in rec['ranks']:
         cpu = r['kind'] == 'cpu'
         e = scale * (relative or {}).get(r['kind'], 1.0)
         out.append(dict(device='cpu' if cpu else 'cuda',
@@ -195,14 +195,15 @@ def _ranks(rec, sizes, scale=1.0, relative=None):
 def _relative(rec, cfg, sizes, shard):
     """Each kind's efficiency relative to the others, from each rank's
     compute seconds: {kind: median over its ranks of predicted (at 1.0) /
-    measured}; None where not every interval's ranks were timed."""
+    measured (the median of the intervals that timed it)}; None for one
+    kind, or where no interval timed the ranks (one rank; CUDA before its
+    first timed step)."""
     from hetgpt.planner import timing
-    rows = rec['intervals'][WARM_UP:]
-    if len({r['kind'] for r in rec['ranks']}) == 1 or any(
-            x['compute_s'] is None for x in rows):
+    rows = [x for x in rec['intervals'][WARM_UP:] if x['compute_s']]
+    if len({r['kind'] for r in rec['ranks']}) == 1 or not rows:
         return None
     found = {}
-    for i, r in enumerate(_ranks(rec, sizes)):
+    for i, r in enumerate(_ranks(rec)):
         c0, c1 = timing.compute(cfg, r, rec['ranks'][i]['ac'], shard,
                                 max(sizes[i]))
         predicted = sum(c0 + c1 * s for s in sizes[i])
@@ -229,7 +230,7 @@ def calibrate(rec):
     relative = _relative(rec, cfg, sizes, f['shard'])
     measured = rec['batch_size'] * rec['block_size'] / tokens_per_sec(rec)
     step = lambda scale: timing.step(
-        cfg, rec['batch_size'], _ranks(rec, sizes, scale, relative), f,
+        cfg, rec['batch_size'], _ranks(rec, scale, relative), f,
         [max(s) for s in sizes], [r['ac'] for r in rec['ranks']],
         rec['accumulate'], weights=[sum(s) for s in sizes])[0]
     rest = step(HUGE)
