@@ -21,7 +21,7 @@ from hetgpt.errors import die
 from hetgpt.gpus import GPUS, peak_flops
 from hetgpt.knobs import (DTYPES, STRATEGIES, configure, defaults_of, model_defaults,
                           refuses_local_steps)
-from hetgpt.planner import cluster
+from hetgpt.planner import cluster, measured
 
 DEFAULT_GPUS = '1xH200'
 LISTED = 16  # nodes whose torchrun lines are printed one by one
@@ -130,6 +130,10 @@ def main(argv=None):
                     "local steps (--outer_interval=H, docs/two_machines.md)")
     ap.add_argument('--cpu_gflops', type=float, default=None,
                     help="GFLOP/s of a CPU rank (default: a guess, 100)")
+    ap.add_argument('--measured', metavar='OUT_DIR', default=None,
+                    help="a train.py run's out_dir (finished or running): the kinds of GPU "
+                         "(or cpu) it had are planned at the step efficiency it measured "
+                         "(its measured.json), the others at their priors")
     args, rest = ap.parse_known_args(argv)
     for name, ok, want in (  # (nan and inf fail these comparisons)
             ('host_mem', args.host_mem is None or 0 < args.host_mem < math.inf, 'a number > 0'),
@@ -161,6 +165,9 @@ def main(argv=None):
     if config['outer_interval'] and why:  # (train.py would refuse the run)
         die(f"--outer_interval={config['outer_interval']} on {cluster.node_count(ranks)} nodes: "
             f"{why}; {_even(ranks)}, or --outer_interval=0")
+    record = None  # (a damaged one: one line, before torch)
+    if args.measured is not None:
+        record = measured.read(args.measured)
     inter_node_bw = args.inter_node_gbs and args.inter_node_gbs * 1e9
     if args.link_gbit:  # (per rank, as a GPU's NIC: timing.bandwidth sums a node's)
         inter_node_bw = args.link_gbit * 1e9 / 8 / max(cluster.per_node(ranks).values())
@@ -173,6 +180,9 @@ def main(argv=None):
         config_from(config), batch, ranks, plan=args.plan, micro_batch_size=micro,
         memory_fraction=config['memory_fraction'], dtype=dtype, inter_node_bw=inter_node_bw,
         outer_interval=config['outer_interval'])
+    if record:
+        ranks, said = measured.apply(record, ranks, args.measured)
+        print(said)
     p = planned(ranks)
     if args.gpus is None:
         print(f"no --gpus given: planned for {DEFAULT_GPUS}; choose with --gpus, e.g. "

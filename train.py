@@ -167,8 +167,8 @@ optimizers = make_optimizer(model, config)
 base_lrs = [g['lr'] for g in optim.param_groups(optimizers)]
 scaler = optim.scaler(device_type, run_plan.dtypes)
 # each rank's measured speed, and the split of the batch it calls for
-speed = Speed(device_type, rank, world_size, run_plan.ac[rank],
-              rebalance_interval, run_plan.shard, model, log)
+speed = Speed(device_type, rank, world_size, run_plan, out_dir,
+              rebalance_interval, model, log)
 
 
 def get_lr(it):
@@ -327,7 +327,7 @@ while iter_num < max_iters and not eval_only:
                'reserved_gib': reserved, 'host_gib': host}
         log(metrics.line(row, duration(dt * (max_iters - iter_num))))
         record(row)
-        speed.report(ran, mfu)
+        speed.report(ran, mfu, row)
         t_log, steps_since = time.perf_counter(), 0
         loss_acc = torch.zeros((), device=device)
     t_pause = time.perf_counter()  # evaluations, checkpoints: not step time

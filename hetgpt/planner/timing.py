@@ -218,7 +218,8 @@ def said(ranks):
         out.append(f"{gpu or 'GPU'} {mm}, {att}, "
                    f"step efficiency {e:.2f} ({how})")
     if not out:
-        flops = ranks[0].get('flops') or CPU_FLOPS
+        flops = (ranks[0].get('flops') or CPU_FLOPS) \
+            * step_efficiency(ranks[0])
         return f"CPU at {flops:.3g} FLOP/s"
     hbm = f"memory at {HBM_EFFICIENCY:.0%} of HBM"
     return '; '.join(out + [hbm])

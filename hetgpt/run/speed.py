@@ -2,6 +2,9 @@
 Each rank's compute seconds, measured as it trains, and the split of the
 batch they call for (hetgpt/planner/balance.py's maths).
 """
+import dataclasses
+import json
+import os
 import time
 from contextlib import contextmanager
 
@@ -19,7 +22,8 @@ class Speed:
 
     train.py calls measure() once at start-up, start() and end() around
     each step, forward() around each forward, and report() at each log
-    line. A rank's compute is (3 + ac) × its forwards' seconds (a backward
+    line, which also rewrites out_dir/measured.json on rank 0 (record). A
+    rank's compute is (3 + ac) × its forwards' seconds (a backward
     is about two forwards, plus one when it recomputes), less FSDP's
     waits: its pre-hook on a module waits for the all-gather of its
     weights, that is, for the slowest rank. Timed on CPU always; on CUDA
@@ -27,13 +31,19 @@ class Speed:
     rebalance.
     """
 
-    def __init__(self, device_type, rank, world_size, ac, interval,
-                 lockstep, model, log):
-        """Hooks a mark before and after each FSDP module's pre-hook."""
+    def __init__(self, device_type, rank, world_size, plan, out_dir,
+                 interval, model, log):
+        """Hooks a mark before and after each FSDP module's pre-hook.
+
+        plan: the run's (search.make_plan's); out_dir: where rank 0
+        records what it measured (record).
+        """
         self.cuda = device_type == 'cuda'
         self.rank, self.world_size = rank, world_size
-        self.factor, self.interval = 3 + ac, interval
-        self.lockstep, self.log = lockstep, log
+        self.factor, self.interval = 3 + plan.ac[rank], interval
+        self.lockstep, self.log = plan.shard, log
+        self.plan, self.out_dir = plan, out_dir
+        self.intervals = []  # (record's: this start's log intervals)
         self.timing, self.marks = False, []
         self.c0, self.c1 = None, None
         # smoothed (compute, whole step) seconds of this rank
@@ -137,23 +147,66 @@ class Speed:
                      f"{list(map(sum, new))}")
         return new
 
-    def report(self, ran, mfu):
+    def report(self, ran, mfu, row):
         """Logs what each rank ran in its last step, its idle fraction
-        and its MFU.
+        and its MFU; records it with row's tokens/s (record).
 
         ran: this rank's micro-batches. mfu(sequences, seconds, rank): a
-        rank's MFU on its own peak (None: unknown).
+        rank's MFU on its own peak (None: unknown). row: the log line's
+        metrics.jsonl row.
         """
+        seen = [(ran, *self.busy)]
+        if self.world_size > 1:
+            seen = gather(seen[0])
+        if self.rank == 0:
+            self.record(row, seen)
         if self.world_size == 1 or self.busy[1] <= 0:
             return
         parts = []
-        for r, (ms, c, w) in enumerate(gather((ran, *self.busy))):
+        for r, (ms, c, w) in enumerate(seen):
             part = f"rank {r}: {sum(ms)} seq in {'+'.join(map(str, ms))}"
             part += f", idle {max(0, 1 - c / w):.0%}"
             if mfu(sum(ms), w, r) is not None:
                 part += f", mfu {mfu(sum(ms), w, r):.0%}"
             parts.append(part)
         self.log('  ' + '; '.join(parts))
+
+
+    def record(self, row, seen):
+        """Rewrites out_dir/measured.json: what plan.py --measured reads
+        (hetgpt/planner/measured.py).
+
+        The plan's model, batch, strategy and each rank's kind, dtype and
+        ac; per log interval of this start (the last 50): its tokens/s,
+        each rank's micro-batches and its compute seconds of a step
+        (None where not timed: one rank; CUDA before its first timed
+        step). Through a temporary file and a rename: a reader sees the
+        old record or the new. A disk that refuses it: no record, the
+        run goes on.
+        """
+        p = self.plan
+        compute = None
+        if self.world_size > 1 and self.busy[1] > 0:
+            compute = [c for _, c, _ in seen]
+        self.intervals = self.intervals[-49:] + [dict(
+            iter=row['iter'], tokens_per_sec=row['tokens_per_sec'],
+            sizes=[list(ms) for ms, _, _ in seen], compute_s=compute)]
+        ranks = [dict(kind=r['gpu'] or 'cpu', dtype=d, ac=a,
+                      node=r['node'])
+                 for r, d, a in zip(p.ranks, p.dtypes, p.ac)]
+        out = {'format': 'hetgpt-measured/1',
+               'model': dataclasses.asdict(p.config),
+               'batch_size': p.batch_size, 'block_size': p.block_size,
+               'strategy': p.strategy,
+               'accumulate': not p.reduce_every_micro_batch,
+               'ranks': ranks, 'intervals': self.intervals}
+        path = os.path.join(self.out_dir, 'measured.json')
+        try:
+            with open(path + '.tmp', 'w') as f:
+                json.dump(out, f)
+            os.replace(path + '.tmp', path)
+        except OSError:
+            pass
 
 
 class MFU:
