@@ -176,7 +176,7 @@ def test_kinds_are_relative_as_their_compute_and_together_fit_the_step():
     ratio = []
     for r, meas in zip(rec['ranks'], (0.05, 0.06)):
         rank = dict(device='cpu' if r['kind'] == 'cpu' else 'cuda', gpu=r['kind'],
-                    dtype=r['dtype'], node=0)
+                    dtype=r['dtype'], node=0, efficiency=1.0)
         c0, c1 = timing.compute(cfg, rank, False, False, 8)
         ratio.append((c0 + 8 * c1) / meas)
     assert found['A100-80GB'] / found['cpu'] == pytest.approx(ratio[1] / ratio[0], rel=1e-9)
