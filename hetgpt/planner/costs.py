@@ -305,13 +305,38 @@ def activation_bytes(cfg, strategy, dtype):
                 backward=_measured(backward_bytes, cfg, *p))
 
 
-def train_knobs():
-    """train.py's knobs as written there (not run).
+# The train.py knobs the plan is made for, beyond train.py's defaults
+# (plan.py --optimizer=muon): make_optimizer is measured as built from them
+GIVEN = {}
 
-    make_optimizer's config here, whose values do not change the size of
-    the state.
-    """
+
+@functools.lru_cache(maxsize=None)
+def _train_defaults():
+    """train.py's knobs as written there (not run)."""
     return knobs.defaults_of(knobs.TRAIN_PY)
+
+
+def train_knobs():
+    """train.py's knobs as the plan is made for: model.make_optimizer's config.
+
+    Its defaults, and what set_train_knobs gave (the optimizer's choice).
+    """
+    return dict(_train_defaults(), **GIVEN)
+
+
+def set_train_knobs(config):
+    """Measure make_optimizer as built from these knobs from now on.
+
+    config: train.py's knobs that differ from its defaults (plan.py's
+    --optimizer=muon). What was measured with the knobs before is
+    forgotten.
+    """
+    GIVEN.clear()
+    GIVEN.update(config)
+    for measured in (optimizer_state_bytes, step_bytes,
+                     optimizer_updates_shards_alone, optimizer_whole,
+                     optimizer_matmuls):
+        measured.cache_clear()
 
 
 def _small(cfg):
@@ -416,39 +441,122 @@ def step_bytes_of(c):
     return c.n_layer * per_layer + fixed
 
 
+def _per_part(net, value):
+    """(one block's, the root's) values of a model's parameters.
+
+    value(p) for each, in the order of _shapes.
+    """
+    block = list(net.transformer.h[0].parameters())
+    mine = {id(p) for p in block}
+    return (tuple(value(p) for p in block),
+            tuple(value(p) for p in net.parameters() if id(p) not in mine))
+
+
+def _needs_whole(opt, group):
+    """Whether opt's update of a matrix, with group's settings, is not
+    the update of its row halves, each stepped alone."""
+    takes = inspect.signature(type(opt)).parameters
+    settings = {k: v for k, v in group.items()
+                if k in takes and k != 'params'}
+    torch.manual_seed(0)
+    whole = torch.nn.Parameter(torch.randn(8, 6))
+    halves = [torch.nn.Parameter(h.clone())
+              for h in whole.detach().split(4)]
+    grad = torch.randn(8, 6)
+    tries = (([whole], [grad]), (halves, grad.split(4)))
+    for params, grads in tries:
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        type(opt)(params, **settings).step()
+    joined = torch.cat([h.detach() for h in halves])
+    return not torch.allclose(whole.detach(), joined, atol=1e-6)
+
+
 @functools.lru_cache(maxsize=None)
-def optimizer_updates_shards_alone(cfg):
-    """Whether each optimizer of the matrices updates a shard as a whole.
+def optimizer_whole(cfg):
+    """Which parameters' update needs the whole matrix: (block's, root's).
 
     FSDP2 steps each rank's dim-0 shard of a matrix on its own. An
     elementwise optimizer (AdamW, SGD, Lion) updates the halves of a
     matrix as it updates the whole; one whose update needs the whole
-    matrix (Muon's orthogonalisation) does not, and cannot run sharded.
-    Each optimizer that model.make_optimizer gives a matrix, with its
-    group's settings, on a whole and on halves.
+    matrix (Muon's orthogonalisation) does not: under FSDP2 its owner
+    (hetgpt/owners.py) steps it whole. Each optimizer that
+    model.make_optimizer gives a matrix, with its group's settings, on a
+    whole and on halves; per parameter, in the order of _shapes.
     """
     net = network.GPT(_small(cfg), 0)
+    whole = {}
     for opt in network.make_optimizer(net, train_knobs()):
-        takes = inspect.signature(type(opt)).parameters
         for group in opt.param_groups:
-            if not any(p.dim() == 2 for p in group['params']):
-                continue
-            settings = {k: v for k, v in group.items()
-                        if k in takes and k != 'params'}
-            torch.manual_seed(0)
-            whole = torch.nn.Parameter(torch.randn(8, 6))
-            halves = [torch.nn.Parameter(h.clone())
-                      for h in whole.detach().split(4)]
-            grad = torch.randn(8, 6)
-            tries = (([whole], [grad]), (halves, grad.split(4)))
-            for params, grads in tries:
-                for p, g in zip(params, grads):
-                    p.grad = g.clone()
-                type(opt)(params, **settings).step()
-            joined = torch.cat([h.detach() for h in halves])
-            if not torch.allclose(whole.detach(), joined, atol=1e-6):
-                return False
-    return True
+            matrices = [p for p in group['params'] if p.dim() == 2]
+            if matrices:
+                needs = _needs_whole(opt, group)
+                whole.update((id(p), needs) for p in matrices)
+    return _per_part(net, lambda p: whole.get(id(p), False))
+
+
+@functools.lru_cache(maxsize=None)
+def optimizer_updates_shards_alone(cfg):
+    """Whether each optimizer of the matrices updates a shard as a whole.
+
+    (No parameter's update needs its whole matrix: optimizer_whole.)
+    """
+    return not any(sum(optimizer_whole(cfg), ()))
+
+
+# one step's matmuls of an optimizer on a parameter, by (optimizer,
+# settings, shape, dtype): a 96-layer model steps a few shapes
+_STEPS = {}
+
+
+def _step_matmuls(opt, group, p):
+    """The matmuls of one step of opt's kind on p alone: sorted items.
+
+    With group's settings, on a fake tensor of p's shape and dtype (the
+    caller's FakeTensorMode), recorded by _Work.
+    """
+    takes = inspect.signature(type(opt)).parameters
+    settings = {k: v for k, v in group.items()
+                if k in takes and k != 'params'}
+    key = (type(opt), repr(sorted(settings.items())), tuple(p.shape),
+           p.dtype)
+    if key not in _STEPS:
+        q = torch.nn.Parameter(torch.empty(p.shape, dtype=p.dtype))
+        q.grad = torch.zeros_like(q)
+        one = type(opt)([q], **settings)
+        with _Work() as work:
+            one.step()
+        _STEPS[key] = tuple(sorted(work.matmuls.items()))
+    return _STEPS[key]
+
+
+@functools.lru_cache(maxsize=None)
+def optimizer_matmuls(cfg):
+    """The matmuls of each parameter's optimizer step: (block's, root's).
+
+    Muon's Newton-Schulz iterations on its matrix, none for an
+    elementwise optimizer (AdamW): one step of the optimizer that
+    model.make_optimizer gives the parameter, with its group's settings,
+    on fake tensors of the real shape (cfg at one layer), recorded op by
+    op as ((b, m, n, k, dtype), count) items; per parameter of a block
+    and of the root, in the order of _shapes. No constant of any
+    optimizer; cached by shape.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        net = network.GPT(replace(cfg, n_layer=1))
+        found = {}
+        optimizers = network.make_optimizer(net, train_knobs())
+        try:
+            for opt in optimizers:
+                for group in opt.param_groups:
+                    for p in group['params']:
+                        found[id(p)] = _step_matmuls(opt, group, p)
+        except Exception as e:
+            die(f"the planner cannot run model.make_optimizer's step on "
+                f"fake tensors to measure it ({oneline(e)}): keep its "
+                f"step free of data-dependent Python (.item())")
+        return _per_part(net, lambda p: found.get(id(p), ()))
 
 
 @functools.lru_cache(maxsize=None)
