@@ -334,8 +334,7 @@ def set_train_knobs(config):
     GIVEN.clear()
     GIVEN.update(config)
     for measured in (optimizer_state_bytes, step_bytes,
-                     optimizer_updates_shards_alone, optimizer_whole,
-                     optimizer_matmuls):
+                     optimizer_updates_shards_alone, _whole, _matmuls):
         measured.cache_clear()
 
 
@@ -472,7 +471,6 @@ def _needs_whole(opt, group):
     return not torch.allclose(whole.detach(), joined, atol=1e-6)
 
 
-@functools.lru_cache(maxsize=None)
 def optimizer_whole(cfg):
     """Which parameters' update needs the whole matrix: (block's, root's).
 
@@ -484,9 +482,18 @@ def optimizer_whole(cfg):
     model.make_optimizer gives a matrix, with its group's settings, on a
     whole and on halves; per parameter, in the order of _shapes.
     """
+    return _whole(cfg, network.make_optimizer)
+
+
+@functools.lru_cache(maxsize=None)
+def _whole(cfg, make_optimizer):
+    """optimizer_whole, cached by the make_optimizer it measures.
+
+    (A test that swaps model.make_optimizer is measured anew.)
+    """
     net = network.GPT(_small(cfg), 0)
     whole = {}
-    for opt in network.make_optimizer(net, train_knobs()):
+    for opt in make_optimizer(net, train_knobs()):
         for group in opt.param_groups:
             matrices = [p for p in group['params'] if p.dim() == 2]
             if matrices:
@@ -530,7 +537,6 @@ def _step_matmuls(opt, group, p):
     return _STEPS[key]
 
 
-@functools.lru_cache(maxsize=None)
 def optimizer_matmuls(cfg):
     """The matmuls of each parameter's optimizer step: (block's, root's).
 
@@ -542,11 +548,17 @@ def optimizer_matmuls(cfg):
     and of the root, in the order of _shapes. No constant of any
     optimizer; cached by shape.
     """
+    return _matmuls(replace(cfg, n_layer=1), network.make_optimizer)
+
+
+@functools.lru_cache(maxsize=None)
+def _matmuls(cfg, make_optimizer):
+    """optimizer_matmuls, cached by the make_optimizer it measures."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     with FakeTensorMode():
-        net = network.GPT(replace(cfg, n_layer=1))
+        net = network.GPT(cfg)
         found = {}
-        optimizers = network.make_optimizer(net, train_knobs())
+        optimizers = make_optimizer(net, train_knobs())
         try:
             for opt in optimizers:
                 for group in opt.param_groups:
