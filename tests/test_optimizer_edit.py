@@ -58,8 +58,8 @@ def test_the_copy_trains_with_its_own_optimizer(work):
 
 
 @pytest.mark.parametrize('strategy,nproc,balance', [
-    ('fsdp', 2, 'even'), ('ddp', 2, 'even'), ('ddp+ac', 2, 'even'), ('fsdp+ac', 2, 'even'),
-    ('fsdp+offload', 2, 'even'), ('fsdp', 3, '5,2,1'), ('ddp', 3, '1,1,6')])
+    ('fsdp', 2, 'even'), ('ddp', 2, 'even'), ('fsdp+ac', 2, 'even'), ('fsdp+offload', 2, 'even'),
+    ('fsdp', 3, '5,2,1')])
 def test_every_strategy_and_split_follows_the_edit(work, strategy, nproc, balance):
     out = f"{strategy.replace('+', '_')}_{nproc}_{balance.replace(',', '')}"
     run_train(work, *COMMON, f'--out_dir={out}', f'--plan={strategy}', '--micro_batch_size=2',

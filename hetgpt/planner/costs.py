@@ -3,7 +3,8 @@ What a step of the model as built costs, measured rather than assumed:
 parameter counts (the model on the meta device), the bytes autograd saves
 for backward and the FLOPs of a block and of the rest (one forward and
 backward on fake tensors), the bytes a block's backward holds beyond them,
-and the optimizer's state (one step of the optimizer train.py builds). A
+the optimizer's state, whether it needs whole matrices, and its step's
+matmuls (Muon's Newton-Schulz; steps of the optimizer train.py builds). A
 researcher's edit to model.py (another MLP, attention, positions,
 normalisation or optimizer) is planned right as is. No memory is
 allocated; results are cached by shape, so a 175B config is measured in

@@ -102,17 +102,16 @@ def optimizer_state(cfg, N, shard):
     """
     n = counts(cfg)
     block, root = optimizer_state_bytes(cfg)
-    whole = ((), ())
+    whole, mats = ((), ()), []
     if shard:
-        whole = costs.optimizer_whole(cfg)
+        whole, mats = costs.optimizer_whole(cfg), whole_matrices(cfg)
     per_block = sum(b * _elements(s, N, shard)
                     for b, s, w in itertools.zip_longest(
                         block, n['block_shapes'], whole[0]) if not w)
     per_root = sum(b * _elements(s, N, shard)
                    for b, s, w in itertools.zip_longest(
                        root, n['root_shapes'], whole[1]) if not w)
-    mats = whole_matrices(cfg) if shard else []
-    rank = [0] * N
+    rank = [0] * max(1, min(N, len(mats)))  # (owners_of's ranks)
     per = dict(block=block, root=root)
     sizes = [size for size, _, _ in mats]
     for (size, part, i), r in zip(mats, owners_of(sizes, N)):
@@ -280,9 +279,8 @@ def estimate(cfg, strategy, micro_batch, world_size, dtype='bfloat16',
     if f['shard']:
         ways = N
     temporaries = costs.step_bytes_of(cfg) / ways
-    mats = whole_matrices(cfg) if f['shard'] else []
-    if mats:
-        largest = max(size for size, _, _ in mats)
+    if f['shard'] and whole_matrices(cfg):
+        largest = max(size for size, _, _ in whole_matrices(cfg))
         temporaries = costs.step_bytes_of(cfg) + 8 * largest
     if f['offload']:
         host_rank += temporaries
