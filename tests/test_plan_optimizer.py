@@ -4,7 +4,7 @@ adamw to muon (Muon for the blocks' matrices, AdamW for the rest) changes the pr
 and step time by what a formula written here by hand gives, under DDP and under FSDP2 (each matrix
 stepped whole by its owner, hetgpt/owners.py). The planner measures the optimizer as built
 (model.make_optimizer, from the knobs that costs.set_train_knobs gives): no constant of Muon's.
-Until train.py has the knob, make_optimizer is replaced by one that reads it.
+Where train.py does not have the knob, make_optimizer is replaced by one that reads it.
 """
 import pytest
 import torch
@@ -50,13 +50,20 @@ def muon_for_the_knob(net, config, adamw=model.make_optimizer):
             torch.optim.AdamW([p for p in net.parameters() if p not in blocks], lr=1e-3)]
 
 
+def the_knob():
+    # model.make_optimizer where train.py has the knob, else one that reads it
+    if 'optimizer' in costs.train_knobs():
+        return model.make_optimizer
+    return muon_for_the_knob
+
+
 @pytest.fixture(scope='module')
 def planned():
     # each optimizer's estimate (micro-batch 8 on 2 ranks) and step (16 sequences on 2 H100s),
     # under DDP and FSDP2, and its measured matmuls
     out = {}
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(model, 'make_optimizer', muon_for_the_knob)
+        mp.setattr(model, 'make_optimizer', the_knob())
         try:
             for name in ('adamw', 'muon'):
                 costs.set_train_knobs({'optimizer': name})
@@ -123,7 +130,7 @@ def test_fsdp_memory_and_step_follow_the_knob(planned):
 def test_fsdp_step_holds_one_whole_matrix_at_a_time(monkeypatch):
     # The owner's step: the largest matrix's gathered gradient and new weight (float32, 8 bytes an
     # element) beside Muon's temporaries of it (measured), not a 1/N share of them
-    monkeypatch.setattr(model, 'make_optimizer', muon_for_the_knob)
+    monkeypatch.setattr(model, 'make_optimizer', the_knob())
     try:
         costs.set_train_knobs({'optimizer': 'muon'})
         big = model.GPTConfig(n_layer=2, n_head=4, n_embd=256, block_size=16, vocab_size=512,
