@@ -10,6 +10,7 @@ checks it.
 Notation: P parameters, N ranks, L layers, h width, s sequence, b
 micro-batch, V vocabulary.
 """
+import functools
 import itertools
 import math
 
@@ -81,14 +82,15 @@ def whole_matrices(cfg):
     return out
 
 
+@functools.lru_cache(maxsize=None)
 def owners_of(sizes, N):
     """owners.owners(sizes, N), in time that does not grow with N.
 
-    Where there are more ranks than matrices each matrix, largest first,
-    goes to the next empty rank: the same owners as among len(sizes)
-    ranks.
+    sizes: a tuple. Where there are more ranks than matrices each
+    matrix, largest first, goes to the next empty rank: the same owners
+    as among len(sizes) ranks. Cached: the search asks again and again.
     """
-    return owners(sizes, max(1, min(N, len(sizes))))
+    return tuple(owners(list(sizes), max(1, min(N, len(sizes)))))
 
 
 def optimizer_state(cfg, N, shard):
@@ -113,7 +115,7 @@ def optimizer_state(cfg, N, shard):
                        root, n['root_shapes'], whole[1]) if not w)
     rank = [0] * max(1, min(N, len(mats)))  # (owners_of's ranks)
     per = dict(block=block, root=root)
-    sizes = [size for size, _, _ in mats]
+    sizes = tuple(size for size, _, _ in mats)
     for (size, part, i), r in zip(mats, owners_of(sizes, N)):
         rank[r] += per[part][i] * size
     return n['layers'] * per_block + per_root + max(rank, default=0)

@@ -492,7 +492,7 @@ def optimizer_matmul_seconds(cfg, ranks, f):
         stepped = itertools.zip_longest(done[part], whole[part])
         every += [(times * share, items)
                   for items, w in stepped if not w]
-    owner = owners_of([size for size, _, _ in mats], R)
+    owner = owners_of(tuple(size for size, _, _ in mats), R)
     seconds, first = [], 0
     for r in ranks:
         gpu = None
