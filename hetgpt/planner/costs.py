@@ -517,19 +517,18 @@ def optimizer_updates_shards_alone(cfg):
 _STEPS = {}
 
 
-def _step_matmuls(opt, group, p):
-    """The matmuls of one step of opt's kind on p alone: sorted items.
+def _step_matmuls(opt, group, shape):
+    """The matmuls of one step of opt's kind on a float32 tensor alone.
 
-    With group's settings, on a fake tensor of p's shape and dtype (the
-    caller's FakeTensorMode), recorded by _Work.
+    Of this shape, with group's settings, on a fake tensor (the
+    caller's FakeTensorMode), recorded by _Work: sorted items.
     """
     takes = inspect.signature(type(opt)).parameters
     settings = {k: v for k, v in group.items()
                 if k in takes and k != 'params'}
-    key = (type(opt), repr(sorted(settings.items())), tuple(p.shape),
-           p.dtype)
+    key = (type(opt), repr(sorted(settings.items())), shape)
     if key not in _STEPS:
-        q = torch.nn.Parameter(torch.empty(p.shape, dtype=p.dtype))
+        q = torch.nn.Parameter(torch.empty(shape))
         q.grad = torch.zeros_like(q)
         one = type(opt)([q], **settings)
         with _Work() as work:
@@ -543,33 +542,36 @@ def optimizer_matmuls(cfg):
 
     Muon's Newton-Schulz iterations on its matrix, none for an
     elementwise optimizer (AdamW): one step of the optimizer that
-    model.make_optimizer gives the parameter, with its group's settings,
-    on fake tensors of the real shape (cfg at one layer), recorded op by
-    op as ((b, m, n, k, dtype), count) items; per parameter of a block
-    and of the root, in the order of _shapes. No constant of any
-    optimizer; cached by shape.
+    model.make_optimizer gives the parameter (on a small model of cfg's
+    structure, _small), with its group's settings, on a fake tensor of
+    the real shape, recorded op by op as ((b, m, n, k, dtype), count)
+    items; per parameter of a block and of the root, in the order of
+    _shapes. No constant of any optimizer; cached by shape.
     """
-    return _matmuls(replace(cfg, n_layer=1), network.make_optimizer)
+    return _matmuls(cfg, network.make_optimizer)
 
 
 @functools.lru_cache(maxsize=None)
 def _matmuls(cfg, make_optimizer):
     """optimizer_matmuls, cached by the make_optimizer it measures."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-    with FakeTensorMode():
-        net = network.GPT(cfg)
-        found = {}
-        optimizers = make_optimizer(net, train_knobs())
-        try:
-            for opt in optimizers:
-                for group in opt.param_groups:
-                    for p in group['params']:
-                        found[id(p)] = _step_matmuls(opt, group, p)
-        except Exception as e:
-            die(f"the planner cannot run model.make_optimizer's step on "
-                f"fake tensors to measure it ({oneline(e)}): keep its "
-                f"step free of data-dependent Python (.item())")
-        return _per_part(net, lambda p: found.get(id(p), ()))
+    net = network.GPT(_small(cfg), 0)
+    where = {id(p): (opt, group) for opt in make_optimizer(net, train_knobs())
+             for group in opt.param_groups for p in group['params']}
+    n = counts(cfg)
+    real = (n['block_shapes'], n['root_shapes'])
+    found = []
+    try:
+        with FakeTensorMode():
+            for part, shapes in zip(_per_part(net, lambda p: id(p)), real):
+                found.append(tuple(
+                    _step_matmuls(*where[i], shape) if i in where else ()
+                    for i, shape in zip(part, shapes)))
+    except Exception as e:
+        die(f"the planner cannot run model.make_optimizer's step on "
+            f"fake tensors to measure it ({oneline(e)}): keep its "
+            f"step free of data-dependent Python (.item())")
+    return tuple(found)
 
 
 @functools.lru_cache(maxsize=None)
