@@ -68,6 +68,12 @@ MUTATIONS = {
                [('hetgpt/planner/search.py', 'from hetgpt.errors import die\n',
                  'from hetgpt.errors import die\nfrom hetgpt.run.metrics import read_rows  # noqa: F401\n')],
                'the planner imports a module of the run'),
+    'optimizer edit': ('test_optimizer_edit.py::test_every_strategy_and_split_follows_the_edit[fsdp-2-even]',
+                       [('hetgpt/run/optim.py', '    norm = torch.nn.utils.clip_grad_norm_(model.parameters(),\n',
+                         "    norm = torch.nn.utils.clip_grad_norm_([getattr(p, '_local_tensor', p)\n"
+                         "                                           for p in model.parameters()],\n")],
+                       "under FSDP no rank clips the whole gradient (each clips its shards' local tensors, "
+                       "which hold none)"),
     'modern kv cache': ('test_modern_block.py::test_kv_cache_generation_equals_full_recomputation[20]',
                         [('model.py', "cache['pos'] += T", "cache['pos'] += min(T, 2)")],
                         'the cache counts a prompt of T tokens as 2'),

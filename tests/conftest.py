@@ -33,6 +33,9 @@ CHECK = {
         'a modern block (RMSNorm, rotary, SwiGLU, GQA) edited into model.py alone trains',
     'test_modern_block.py::test_kv_cache_generation_equals_full_recomputation[20]':
         "the modern block's KV cache (grouped-query keys) against full recomputation",
+    'test_optimizer_edit.py::test_every_strategy_and_split_follows_the_edit[fsdp-2-even]':
+        "an optimizer edited into model.py alone (SGD with momentum) steps FSDP's shards as one "
+        "process steps the whole",
     'test_layout.py::test_the_planner_imports_nothing_of_the_run_or_the_data':
         "the house by role: the dry run reaches nothing of the run or the data",
 }

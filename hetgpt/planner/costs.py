@@ -3,7 +3,8 @@ What a step of the model as built costs, measured rather than assumed:
 parameter counts (the model on the meta device), the bytes autograd saves
 for backward and the FLOPs of a block and of the rest (one forward and
 backward on fake tensors), the bytes a block's backward holds beyond them,
-and the optimizer's state (one step of the optimizer train.py builds). A
+the optimizer's state, whether it needs whole matrices, and its step's
+matmuls (Muon's Newton-Schulz; steps of the optimizer train.py builds). A
 researcher's edit to model.py (another MLP, attention, positions,
 normalisation or optimizer) is planned right as is. No memory is
 allocated; results are cached by shape, so a 175B config is measured in
@@ -305,13 +306,37 @@ def activation_bytes(cfg, strategy, dtype):
                 backward=_measured(backward_bytes, cfg, *p))
 
 
-def train_knobs():
-    """train.py's knobs as written there (not run).
+# The train.py knobs the plan is made for, beyond train.py's defaults
+# (plan.py --optimizer=muon): make_optimizer is measured as built from them
+GIVEN = {}
 
-    make_optimizer's config here, whose values do not change the size of
-    the state.
-    """
+
+@functools.lru_cache(maxsize=None)
+def _train_defaults():
+    """train.py's knobs as written there (not run)."""
     return knobs.defaults_of(knobs.TRAIN_PY)
+
+
+def train_knobs():
+    """train.py's knobs as the plan is made for: model.make_optimizer's config.
+
+    Its defaults, and what set_train_knobs gave (the optimizer's choice).
+    """
+    return dict(_train_defaults(), **GIVEN)
+
+
+def set_train_knobs(config):
+    """Measure make_optimizer as built from these knobs from now on.
+
+    config: train.py's knobs that differ from its defaults (plan.py's
+    --optimizer=muon). What was measured with the knobs before is
+    forgotten.
+    """
+    GIVEN.clear()
+    GIVEN.update(config)
+    for measured in (optimizer_state_bytes, step_bytes,
+                     optimizer_updates_shards_alone, _whole, _matmuls):
+        measured.cache_clear()
 
 
 def _small(cfg):
@@ -416,39 +441,137 @@ def step_bytes_of(c):
     return c.n_layer * per_layer + fixed
 
 
-@functools.lru_cache(maxsize=None)
-def optimizer_updates_shards_alone(cfg):
-    """Whether each optimizer of the matrices updates a shard as a whole.
+def _per_part(net, value):
+    """(one block's, the root's) values of a model's parameters.
+
+    value(p) for each, in the order of _shapes.
+    """
+    block = list(net.transformer.h[0].parameters())
+    mine = {id(p) for p in block}
+    return (tuple(value(p) for p in block),
+            tuple(value(p) for p in net.parameters() if id(p) not in mine))
+
+
+def _needs_whole(opt, group):
+    """Whether opt's update of a matrix, with group's settings, is not
+    the update of its row halves, each stepped alone."""
+    takes = inspect.signature(type(opt)).parameters
+    settings = {k: v for k, v in group.items()
+                if k in takes and k != 'params'}
+    torch.manual_seed(0)
+    whole = torch.nn.Parameter(torch.randn(8, 6))
+    halves = [torch.nn.Parameter(h.clone())
+              for h in whole.detach().split(4)]
+    grad = torch.randn(8, 6)
+    tries = (([whole], [grad]), (halves, grad.split(4)))
+    for params, grads in tries:
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        type(opt)(params, **settings).step()
+    joined = torch.cat([h.detach() for h in halves])
+    return not torch.allclose(whole.detach(), joined, atol=1e-6)
+
+
+def optimizer_whole(cfg):
+    """Which parameters' update needs the whole matrix: (block's, root's).
 
     FSDP2 steps each rank's dim-0 shard of a matrix on its own. An
     elementwise optimizer (AdamW, SGD, Lion) updates the halves of a
     matrix as it updates the whole; one whose update needs the whole
-    matrix (Muon's orthogonalisation) does not, and cannot run sharded.
-    Each optimizer that model.make_optimizer gives a matrix, with its
-    group's settings, on a whole and on halves.
+    matrix (Muon's orthogonalisation) does not: under FSDP2 its owner
+    (hetgpt/owners.py) steps it whole. Each optimizer that
+    model.make_optimizer gives a matrix, with its group's settings, on a
+    whole and on halves; per parameter, in the order of _shapes.
+    """
+    return _whole(cfg, network.make_optimizer)
+
+
+@functools.lru_cache(maxsize=None)
+def _whole(cfg, make_optimizer):
+    """optimizer_whole, cached by the make_optimizer it measures.
+
+    (A test that swaps model.make_optimizer is measured anew.)
     """
     net = network.GPT(_small(cfg), 0)
-    for opt in network.make_optimizer(net, train_knobs()):
-        takes = inspect.signature(type(opt)).parameters
+    whole = {}
+    for opt in make_optimizer(net, train_knobs()):
         for group in opt.param_groups:
-            if not any(p.dim() == 2 for p in group['params']):
-                continue
-            settings = {k: v for k, v in group.items()
-                        if k in takes and k != 'params'}
-            torch.manual_seed(0)
-            whole = torch.nn.Parameter(torch.randn(8, 6))
-            halves = [torch.nn.Parameter(h.clone())
-                      for h in whole.detach().split(4)]
-            grad = torch.randn(8, 6)
-            tries = (([whole], [grad]), (halves, grad.split(4)))
-            for params, grads in tries:
-                for p, g in zip(params, grads):
-                    p.grad = g.clone()
-                type(opt)(params, **settings).step()
-            joined = torch.cat([h.detach() for h in halves])
-            if not torch.allclose(whole.detach(), joined, atol=1e-6):
-                return False
-    return True
+            matrices = [p for p in group['params'] if p.dim() == 2]
+            if matrices:
+                needs = _needs_whole(opt, group)
+                whole.update((id(p), needs) for p in matrices)
+    return _per_part(net, lambda p: whole.get(id(p), False))
+
+
+@functools.lru_cache(maxsize=None)
+def optimizer_updates_shards_alone(cfg):
+    """Whether each optimizer of the matrices updates a shard as a whole.
+
+    (No parameter's update needs its whole matrix: optimizer_whole.)
+    """
+    return not any(sum(optimizer_whole(cfg), ()))
+
+
+# one step's matmuls of an optimizer on a parameter, by (optimizer,
+# settings, shape, dtype): a 96-layer model steps a few shapes
+_STEPS = {}
+
+
+def _step_matmuls(opt, group, shape):
+    """The matmuls of one step of opt's kind on a float32 tensor alone.
+
+    Of this shape, with group's settings, on a fake tensor (the
+    caller's FakeTensorMode), recorded by _Work: sorted items.
+    """
+    takes = inspect.signature(type(opt)).parameters
+    settings = {k: v for k, v in group.items()
+                if k in takes and k != 'params'}
+    key = (type(opt), repr(sorted(settings.items())), shape)
+    if key not in _STEPS:
+        q = torch.nn.Parameter(torch.empty(shape))
+        q.grad = torch.zeros_like(q)
+        one = type(opt)([q], **settings)
+        with _Work() as work:
+            one.step()
+        _STEPS[key] = tuple(sorted(work.matmuls.items()))
+    return _STEPS[key]
+
+
+def optimizer_matmuls(cfg):
+    """The matmuls of each parameter's optimizer step: (block's, root's).
+
+    Muon's Newton-Schulz iterations on its matrix, none for an
+    elementwise optimizer (AdamW): one step of the optimizer that
+    model.make_optimizer gives the parameter (on a small model of cfg's
+    structure, _small), with its group's settings, on a fake tensor of
+    the real shape, recorded op by op as ((b, m, n, k, dtype), count)
+    items; per parameter of a block and of the root, in the order of
+    _shapes. No constant of any optimizer; cached by shape.
+    """
+    return _matmuls(cfg, network.make_optimizer)
+
+
+@functools.lru_cache(maxsize=None)
+def _matmuls(cfg, make_optimizer):
+    """optimizer_matmuls, cached by the make_optimizer it measures."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    net = network.GPT(_small(cfg), 0)
+    where = {id(p): (opt, group) for opt in make_optimizer(net, train_knobs())
+             for group in opt.param_groups for p in group['params']}
+    n = counts(cfg)
+    real = (n['block_shapes'], n['root_shapes'])
+    found = []
+    try:
+        with FakeTensorMode():
+            for part, shapes in zip(_per_part(net, lambda p: id(p)), real):
+                found.append(tuple(
+                    _step_matmuls(*where[i], shape) if i in where else ()
+                    for i, shape in zip(part, shapes)))
+    except Exception as e:
+        die(f"the planner cannot run model.make_optimizer's step on "
+            f"fake tensors to measure it ({oneline(e)}): keep its "
+            f"step free of data-dependent Python (.item())")
+    return tuple(found)
 
 
 @functools.lru_cache(maxsize=None)

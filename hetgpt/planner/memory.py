@@ -10,12 +10,15 @@ checks it.
 Notation: P parameters, N ranks, L layers, h width, s sequence, b
 micro-batch, V vocabulary.
 """
+import functools
+import itertools
 import math
 
 from hetgpt.knobs import dtype_name, flags
 from hetgpt.planner import costs
 from hetgpt.planner.costs import (activation_bytes, counts,
                                   optimizer_state_bytes)
+from hetgpt.owners import owners
 from model import LOSS_CHUNK
 
 GiB = 2**30
@@ -63,19 +66,59 @@ def _elements(shape, N, shard):
     return math.prod(shape)
 
 
+def whole_matrices(cfg):
+    """The matrices whose update needs them whole, as [(elements, part,
+    index)]: part 'block' (each layer's) or 'root', index in _shapes'
+    order (costs.optimizer_whole). Every layer's, in model order."""
+    n = counts(cfg)
+    block, root = costs.optimizer_whole(cfg)
+    out = []
+    for _ in range(n['layers']):
+        out += [(math.prod(s), 'block', i)
+                for i, (s, w) in enumerate(zip(n['block_shapes'], block))
+                if w]
+    out += [(math.prod(s), 'root', i)
+            for i, (s, w) in enumerate(zip(n['root_shapes'], root)) if w]
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def owners_of(sizes, N):
+    """owners.owners(sizes, N), in time that does not grow with N.
+
+    sizes: a tuple. Where there are more ranks than matrices each
+    matrix, largest first, goes to the next empty rank: the same owners
+    as among len(sizes) ranks. Cached: the search asks again and again.
+    """
+    return tuple(owners(list(sizes), max(1, min(N, len(sizes)))))
+
+
 def optimizer_state(cfg, N, shard):
     """The optimizer's state on one rank, in bytes.
 
     Each parameter's (its shard's) elements at what model.make_optimizer
     keeps for that parameter (costs.optimizer_state_bytes, measured).
+    Under FSDP2 (shard) a matrix whose update needs it whole
+    (costs.optimizer_whole: Muon's) keeps its whole state on its owner
+    alone (hetgpt/owners.py): the rank that owns the most.
     """
     n = counts(cfg)
     block, root = optimizer_state_bytes(cfg)
+    whole, mats = ((), ()), []
+    if shard:
+        whole, mats = costs.optimizer_whole(cfg), whole_matrices(cfg)
     per_block = sum(b * _elements(s, N, shard)
-                    for b, s in zip(block, n['block_shapes']))
+                    for b, s, w in itertools.zip_longest(
+                        block, n['block_shapes'], whole[0]) if not w)
     per_root = sum(b * _elements(s, N, shard)
-                   for b, s in zip(root, n['root_shapes']))
-    return n['layers'] * per_block + per_root
+                   for b, s, w in itertools.zip_longest(
+                       root, n['root_shapes'], whole[1]) if not w)
+    rank = [0] * max(1, min(N, len(mats)))  # (owners_of's ranks)
+    per = dict(block=block, root=root)
+    sizes = tuple(size for size, _, _ in mats)
+    for (size, part, i), r in zip(mats, owners_of(sizes, N)):
+        rank[r] += per[part][i] * size
+    return n['layers'] * per_block + per_root + max(rank, default=0)
 
 
 def _pinned(shapes, n):
@@ -230,11 +273,17 @@ def estimate(cfg, strategy, micro_batch, world_size, dtype='bfloat16',
         + grads_and_activations
     # The optimizer step, the activations gone: its temporaries
     # (costs.step_bytes, measured; a shard's are its share) beside the
-    # states, on the host under offload
+    # states, on the host under offload. A matrix stepped whole under
+    # FSDP2 (Muon's) is its owner's, one at a time: its step's
+    # temporaries whole, and its gathered gradient and new weight
+    # (float32) beside them.
     ways = 1
     if f['shard']:
         ways = N
     temporaries = costs.step_bytes_of(cfg) / ways
+    if f['shard'] and whole_matrices(cfg):
+        largest = max(size for size, _, _ in whole_matrices(cfg))
+        temporaries = costs.step_bytes_of(cfg) + 8 * largest
     if f['offload']:
         host_rank += temporaries
     else:

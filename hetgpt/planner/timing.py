@@ -10,7 +10,10 @@ each rank's compute (hetgpt/run/speed.py's Speed) and splits the batch
 again by that.
 """
 import functools
+import itertools
 import math
+from collections import Counter
+from dataclasses import replace
 
 from hetgpt.gpus import (GPUS, HOST_BW, HOST_THREAD_BW, UNKNOWN_GPU,
                          peak_flops)
@@ -21,7 +24,8 @@ from hetgpt.planner.balance import (EXACT, lockstep_count,
 from hetgpt.planner import cluster, costs
 from hetgpt.planner.efficiency import prior, step_efficiency
 from hetgpt.planner.costs import counts, flops_per_sequence
-from hetgpt.planner.memory import optimizer_state, sharded
+from hetgpt.planner.memory import (optimizer_state, owners_of, sharded,
+                                   whole_matrices)
 from hetgpt.rates import GEMM_SM90
 
 # A GPU rank's compute, kind by kind, each at a published
@@ -458,6 +462,66 @@ def _comm(f, n, R, ring, bw, cb, ranks, per_node, accumulate, mine):
     return gather, reduce, host_add
 
 
+@functools.lru_cache(maxsize=None)
+def _matmuls_seconds(items, device, gpu, flops, offload):
+    """Seconds of these matmuls ((b, m, n, k, dtype), count) on a rank.
+
+    A GPU's (gpu: its GPUS key, or None): each at its shape's rate in
+    its dtype (matmul_seconds); the host's under offload, or a CPU
+    rank's: at flops (CPU_FLOPS where None).
+    """
+    total = 0.0
+    for (b, m, n, k, dtype), count in items:
+        if offload or device == 'cpu':
+            total += count * 2 * b * m * n * k / (flops or CPU_FLOPS)
+        else:
+            total += count * matmul_seconds(gpu, dtype, b, m, n, k)
+    return total
+
+
+def optimizer_matmul_seconds(cfg, ranks, f):
+    """Each entry's seconds of its optimizer step's matmuls: a list.
+
+    Counted from the optimizer as built (costs.optimizer_matmuls: Muon's
+    Newton-Schulz iterations), on the rank that runs them: under DDP
+    every rank steps every matrix; under FSDP2 (f['shard']) a matrix
+    whose update needs it whole is stepped by its owner
+    (hetgpt/owners.py, as memory.optimizer_state keeps its state), any
+    other by each rank on its shard (a 1/N share). An entry of several
+    ranks: its busiest.
+    """
+    n, R = counts(cfg), cluster.world(ranks)
+    done = costs.optimizer_matmuls(replace(cfg, n_layer=1))
+    done = dict(block=done[0], root=done[1])
+    whole = dict(block=(), root=())
+    share, mats = 1.0, []
+    if f['shard']:
+        whole = dict(zip(('block', 'root'), costs.optimizer_whole(cfg)))
+        share, mats = 1 / R, whole_matrices(cfg)
+    # what every rank steps: all of it (DDP), its shards' share (FSDP2)
+    every = []
+    for part, times in (('block', n['layers']), ('root', 1)):
+        stepped = itertools.zip_longest(done[part], whole[part])
+        every += [(times * share, items)
+                  for items, w in stepped if not w]
+    owner = owners_of(tuple(size for size, _, _ in mats), R)
+    seconds, first = [], 0
+    for r in ranks:
+        gpu = None
+        if r.get('gpu') in GPUS:
+            gpu = r['gpu']
+        on = (r['device'], gpu, r.get('flops'), f['offload'])
+        # the seconds of the matrices each of the entry's ranks owns
+        load = Counter()
+        for (_, part, i), k in zip(mats, owner):
+            if first <= k < first + r.get('count', 1):
+                load[k] += _matmuls_seconds(done[part][i], *on)
+        own = sum(w * _matmuls_seconds(items, *on) for w, items in every)
+        seconds.append(own + max(load.values(), default=0.0))
+        first += r.get('count', 1)
+    return seconds
+
+
 def _parts(shares):
     """The split's parts, [(entry, ranks, share)], from its shares."""
     return [(i, k, x) for i, p in enumerate(shares) for x, k in p]
@@ -489,19 +553,21 @@ def step(cfg, batch, ranks, f, caps, ac, accumulate, weights=None,
             + sharded(n['root_shapes'], R)
     else:
         mine = n['total']
-    # Optimizer step: fused AdamW, memory bound, on the device; on the
+    # Optimizer step: memory bound (fused AdamW), on the device; on the
     # host under offload (or for CPU ranks), where the ranks of a node
     # share its memory bandwidth. It streams p, g and its state in, p
-    # and the state out; clipping reads g.
+    # and the state out; clipping reads g. And its matmuls (Muon's
+    # Newton-Schulz), counted: optimizer_matmul_seconds.
     step_bytes = 16 * mine + 2 * optimizer_state(cfg, R, f['shard'])
     host = host_bw(ranks)
     opt = []
-    for r in ranks:
+    matmuls = optimizer_matmul_seconds(cfg, ranks, f)
+    for r, mm in zip(ranks, matmuls):
         if f['offload'] or r['device'] == 'cpu':
             per_byte = per_node[r['node']] / host[r['node']]
         else:
             per_byte = 1 / (_dev(r)['hbm'] * 1e9 * HBM_EFFICIENCY)
-        opt.append(step_bytes * per_byte)
+        opt.append(step_bytes * per_byte + mm)
     bw, ring = bandwidth(ranks, inter_node_bw), (R - 1) / R
     cb = 2  # (FSDP's gathers: one dtype)
     if ranks[0]['dtype'] == 'float32':
