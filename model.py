@@ -272,8 +272,7 @@ class GPT(nn.Module):
 def make_optimizer(model, config):
     # A list of optimizers from train.py's knobs: AdamW, decaying matrices,
     # not biases and gains; optimizer='muon': Muon on the blocks' matrices
-    # (torch's default lr × max(1, rows/cols)^0.5: Keller Jordan's), whole
-    # under FSDP (hetgpt/run/whole_matrix.py). The planner measures them.
+    # (lr × max(1, rows/cols)^0.5: Keller Jordan's). The planner measures.
     muon = config.get('optimizer') == 'muon'
     mats = [p for n, p in model.named_parameters()
             if muon and '.h.' in n and p.dim() == 2]

@@ -38,6 +38,7 @@ wandb_project = 'hetgpt'
 wandb_run_name = 'run'
 # model: GPTConfig's fields at model.py's defaults (--help lists them), but
 bias = False           # no biases in Linears and LayerNorms, as nanoGPT's
+# optimizer: AdamW (or Muon), linear warmup, cosine decay to min_lr
 batch_size = 32        # sequences per step, all ranks together
 gradient_accumulation_steps = 0  # nanoGPT's: > 0 makes batch_size the
                        # micro-batch, the global batch batch_size × this
