@@ -40,11 +40,11 @@ def needs_whole(opt):
     for group in opt.param_groups:
         if not any(p.dim() == 2 for p in group['params']):
             continue
-        torch.manual_seed(0)
-        whole = torch.nn.Parameter(torch.randn(8, 6))
+        draw = torch.Generator().manual_seed(0)  # (not the run's)
+        whole = torch.nn.Parameter(torch.randn(8, 6, generator=draw))
         halves = [torch.nn.Parameter(h.clone())
                   for h in whole.detach().split(4)]
-        grad = torch.randn(8, 6)
+        grad = torch.randn(8, 6, generator=draw)
         for ps, gs in (([whole], [grad]), (halves, grad.split(4))):
             for p, g in zip(ps, gs):
                 p.grad = g.clone()
