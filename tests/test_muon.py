@@ -34,11 +34,16 @@ SPLIT = ['--micro_batch_size=2', '--balance=even']
 
 @pytest.fixture(scope='module')
 def work(tmp_path_factory):
-    # the one-process reference (ckpt_1, ckpt_2), and one step on two ranks under FSDP (ckpt_1: each
-    # matrix's momentum written from its owner as the matrix's shards)
+    # the one-process reference (ckpt_1, ckpt_2), and the same two steps on two ranks under FSDP,
+    # each making its shards of the initial weights (init_device=meta); its ckpt_1 holds each
+    # matrix's momentum written from its owner as the matrix's shards
     root = reference_work(tmp_path_factory, 'muon', COMMON, 8)
-    run_train(root, *COMMON, '--out_dir=fsdp_half', '--plan=fsdp', '--max_iters=1', *SPLIT, nproc=2)
+    run_train(root, *COMMON, '--out_dir=fsdp_meta', '--plan=fsdp', '--init_device=meta', *SPLIT, nproc=2)
     return root
+
+
+def test_fsdp_trains_as_one_process(work):
+    same_run(work, 'fsdp_meta', TOL)
 
 
 TOL = 1e-3
@@ -46,7 +51,6 @@ TOL = 1e-3
 # tensors only, as NCCL): the owners' gathers and scatters of host tensors find its CPU backend
 CUDA_GROUP = {'HETGPT_TEST_CUDA_GROUP': '1'}
 PATHS = {'ddp': (['--plan=ddp', *SPLIT], 2, None),
-         'fsdp_meta': (['--plan=fsdp', '--init_device=meta', *SPLIT], 2, None),
          'fsdp_ac_offload': (['--plan=fsdp+ac+offload', *SPLIT], 2, CUDA_GROUP),
          # 32-row matrices in 11, 11 and 10 rows; 5, 2 and 1 sequences a rank
          'fsdp_uneven': (['--plan=fsdp', '--micro_batch_size=2', '--balance=5,2,1'], 3, None)}
@@ -80,13 +84,13 @@ def test_local_steps_step_muon_inside_each_node(work):
     assert max_rel_diff(one, ref) > 10 * TOL  # the outer step did move them
 
 
-@pytest.mark.parametrize('start,plan,nproc', [('fsdp_half', 'fsdp', 3), ('fsdp_half', 'ddp', 1)])
-def test_resume_at_another_world_size_and_strategy(work, start, plan, nproc):
+@pytest.mark.parametrize('plan,nproc', [('fsdp', 3), ('ddp', 1)])
+def test_resume_at_another_world_size_and_strategy(work, plan, nproc):
     # step 1's checkpoint resumed for step 2: its momentum moves to other owners (2 ranks to 3),
     # and from owners' shards to one process's Muon (elastic runs restart this way)
-    out = f'{start}_{plan}_{nproc}'
-    shutil.copytree(work / start, work / out)
-    shutil.rmtree(work / out / 'ckpt_00000002', ignore_errors=True)
+    out = f'resumed_{plan}_{nproc}'
+    shutil.copytree(work / 'fsdp_meta', work / out)
+    shutil.rmtree(work / out / 'ckpt_00000002')
     run_train(work, *COMMON, f'--out_dir={out}', f'--plan={plan}', '--init_from=resume',
               *(SPLIT if nproc > 1 else []), nproc=nproc)
     assert latest_checkpoint(work / out).endswith('ckpt_00000002')
@@ -98,7 +102,7 @@ def test_resume_at_another_world_size_and_strategy(work, start, plan, nproc):
 def test_the_checkpoint_holds_each_matrix_s_momentum_whole(work):
     # written by two FSDP ranks as one process's Muon holds it: each matrix's momentum at the
     # matrix's shape (DCP's global size), AdamW's moments for the rest
-    sizes = {k: tuple(m.size) for k, m in checkpoint.Reader(str(latest_checkpoint(work / 'fsdp_half')))
+    sizes = {k: tuple(m.size) for k, m in checkpoint.Reader(str(work / 'fsdp_meta' / 'ckpt_00000001'))
              .read_metadata().state_dict_metadata.items() if hasattr(m, 'size')}
     assert sizes['optim.state.transformer.h.0.attn.c_attn.weight.momentum_buffer'] == (96, 32)
     assert sizes['optim.state.transformer.h.1.mlp.c_fc.weight.momentum_buffer'] == (128, 32)
