@@ -271,12 +271,21 @@ class GPT(nn.Module):
 
 def make_optimizer(model, config):
     # A list of optimizers from train.py's knobs: AdamW, decaying matrices,
-    # not biases and gains (Muon: one edit, tests/test_optimizer.py). The
-    # planner measures what this returns (hetgpt/planner/costs.py).
-    decay = [p for p in model.parameters() if p.dim() >= 2]
+    # not biases and gains; optimizer='muon': Muon on the blocks' matrices
+    # (lr × max(1, rows/cols)^0.5: Keller Jordan's). The planner measures.
+    muon = config.get('optimizer') == 'muon'
+    mats = [p for n, p in model.named_parameters()
+            if muon and '.h.' in n and p.dim() == 2]
+    decay = [p for p in model.parameters()
+             if p.dim() >= 2 and all(p is not m for m in mats)]
     other = [p for p in model.parameters() if p.dim() < 2]
-    return [adamw([{'params': decay, 'weight_decay': config['weight_decay']},
+    opts = [adamw([{'params': decay, 'weight_decay': config['weight_decay']},
                    {'params': other, 'weight_decay': 0.0}], config)]
+    if muon:
+        opts.append(torch.optim.Muon(
+            mats, lr=config['muon_lr'], momentum=config['muon_momentum'],
+            weight_decay=config['muon_weight_decay']))
+    return opts
 
 
 def adamw(groups, config):

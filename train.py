@@ -38,7 +38,7 @@ wandb_project = 'hetgpt'
 wandb_run_name = 'run'
 # model: GPTConfig's fields at model.py's defaults (--help lists them), but
 bias = False           # no biases in Linears and LayerNorms, as nanoGPT's
-# optimizer: AdamW, linear warmup then cosine decay to min_lr
+# optimizer: AdamW (or Muon), linear warmup, cosine decay to min_lr
 batch_size = 32        # sequences per step, all ranks together
 gradient_accumulation_steps = 0  # nanoGPT's: > 0 makes batch_size the
                        # micro-batch, the global batch batch_size × this
@@ -48,6 +48,10 @@ weight_decay = 0.1
 beta1 = 0.9
 beta2 = 0.95
 adam_eps = 1e-8
+optimizer = 'adamw'    # or 'muon' for the blocks' matrices
+muon_lr = 0.02         # Muon's (Keller Jordan's defaults)
+muon_momentum = 0.95   # (the schedule scales muon_lr)
+muon_weight_decay = 0.0
 grad_clip = 1.0        # 0 disables clipping
 max_bad_steps = 5      # stop after this many non-finite steps in a row
 decay_lr = True        # False: a constant learning_rate, no warmup (nanoGPT)
@@ -73,12 +77,10 @@ outer_momentum = 0.9   # and its momentum (docs/two_machines.md)
 defaults = {**model_defaults(),  # (a field not set above: model.py's default)
             **{k: v for k, v in globals().items() if is_knob(k, v)}}
 config = configure(defaults, rules=knobs.TRAIN)  # (hetgpt/knobs.py)
-knobs.check_shape(config)  # (and n_embd divisible by n_head)
+knobs.check_train(config)
 globals().update(config)
 batch_size, micro_batch_size = knobs.batch_of(  # (nanoGPT's configs)
     batch_size, gradient_accumulation_steps, micro_batch_size)
-if decay_lr and min_lr > learning_rate:
-    die(f"min_lr={min_lr} is above learning_rate={learning_rate}: lower min_lr")
 world_size = int(os.environ.get('WORLD_SIZE', 1))  # set by torchrun
 rank = int(os.environ.get('RANK', 0))
 local_rank = int(os.environ.get('LOCAL_RANK', 0))
@@ -163,24 +165,12 @@ if not pretrained:
 # each rank's compute dtype: its own under DDP (dtype=auto), one under FSDP
 model, autocast = parallel.wrap(raw_model, run_plan, rank, world_size, device,
                                 run_plan.dtypes[rank], compile, seed, local.group)
-optimizers = make_optimizer(model, config)
+optimizers = optim.whole(make_optimizer(model, config))
 base_lrs = [g['lr'] for g in optim.param_groups(optimizers)]
 scaler = optim.scaler(device_type, run_plan.dtypes)
 # each rank's measured speed, and the split of the batch it calls for
 speed = Speed(device_type, rank, world_size, run_plan, out_dir,
               rebalance_interval, model, log)
-
-
-def get_lr(it):
-    if not decay_lr:
-        return learning_rate
-    if it < warmup_iters:
-        return learning_rate * (it + 1) / (warmup_iters + 1)
-    if it > lr_decay_iters:
-        return min_lr
-    ratio = (it - warmup_iters) / max(1, lr_decay_iters - warmup_iters)
-    coeff = 0.5 * (1.0 + math.cos(math.pi * ratio))
-    return min_lr + coeff * (learning_rate - min_lr)
 
 
 def forward(split, offsets, weight):
@@ -241,7 +231,7 @@ if resume_from:
 iter_num = resumed.get('iter', 0)
 best_val = resumed.get('best_val_loss')  # (nanoGPT's saving on a new best)
 best_val = best_val if type(best_val) is float else math.inf
-for note in knobs.notes(config, batch_size, get_lr(max_iters)):
+for note in knobs.notes(config, batch_size):
     log(note)  # (a schedule max_iters cuts short; nanoGPT's batch)
 wandb_init = wandb_log and dict(project=wandb_project, name=wandb_run_name,
                                 config=config)
@@ -297,7 +287,7 @@ status, pending = 0, False
 loss_acc = torch.zeros((), device=device)
 while iter_num < max_iters and not eval_only:
     torch.manual_seed(seed + 1_000_003 * iter_num + rank)  # (dropout)
-    lr = get_lr(iter_num)
+    lr = knobs.lr_at(config, iter_num)
     optim.scale_lr(optimizers, base_lrs, lr / learning_rate)
     ran = sizes[rank]
     start = sum(map(sum, sizes[:rank]))

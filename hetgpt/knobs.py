@@ -113,6 +113,8 @@ TRAIN = {
     'wandb_run_name': '', 'compile': '',
     'learning_rate': '> 0', 'weight_decay': '>= 0', 'min_lr': '>= 0',
     'beta1': '[0, 1)', 'beta2': '[0, 1)', 'adam_eps': '>= 0',
+    'optimizer': 'adamw|muon', 'muon_lr': '> 0',
+    'muon_momentum': '[0, 1)', 'muon_weight_decay': '>= 0',
     'grad_clip': '>= 0', 'max_bad_steps': '[1, 1e9]',
     'warmup_iters': '[0, 1e9]', 'lr_decay_iters': '[0, 1e9]',
     # (+ 1,000,003 × iter_num: within 64 bits)
@@ -338,6 +340,31 @@ def check_shape(config):
         die(bad)
 
 
+def check_train(config):
+    """Ends in one line when train.py's config is bad: its model shape,
+    or a schedule that decays up to min_lr."""
+    check_shape(config)
+    lr, low = config['learning_rate'], config['min_lr']
+    if config['decay_lr'] and low > lr:
+        die(f"min_lr={low} is above learning_rate={lr}: lower min_lr")
+
+
+def lr_at(config, it):
+    """train.py's learning rate at step it (nanoGPT's get_lr): a linear
+    warmup over warmup_iters, then a cosine decay to min_lr at
+    lr_decay_iters; decay_lr=False: learning_rate throughout."""
+    lr, low = config['learning_rate'], config['min_lr']
+    warmup, end = config['warmup_iters'], config['lr_decay_iters']
+    if not config['decay_lr']:
+        return lr
+    if it < warmup:
+        return lr * (it + 1) / (warmup + 1)
+    if it > end:
+        return low
+    ratio = (it - warmup) / max(1, end - warmup)
+    return low + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - low)
+
+
 def batch_of(batch_size, gradient_accumulation_steps=0,
              micro_batch_size=0):
     """(global batch, micro-batch) of a config.
@@ -389,13 +416,14 @@ def split_weights(balance, batch_size, world_size):
     return weights
 
 
-def notes(config, batch_size, end_lr):
+def notes(config, batch_size):
     """train.py's notes on its knobs, once the run is set up.
 
-    A schedule that max_iters cuts short (end_lr: the learning rate at
-    max_iters), and nanoGPT's meaning of batch_size.
+    A schedule that max_iters cuts short (the learning rate it ends at),
+    and nanoGPT's meaning of batch_size.
     """
     c = config
+    end_lr = lr_at(c, c['max_iters'])
     cut = c['max_iters'] < c['lr_decay_iters']
     if c['decay_lr'] and cut and not c['eval_only']:
         yield (f"warning: max_iters={c['max_iters']} < "

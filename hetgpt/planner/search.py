@@ -22,7 +22,7 @@ from hetgpt.knobs import (DTYPES, STRATEGIES, dtype_name, flags,
                           refuses_local_steps)
 from hetgpt.planner import cluster, costs, timing
 from hetgpt.planner.balance import lockstep_count, pieces, split, weighted
-from hetgpt.planner.costs import counts, optimizer_updates_shards_alone
+from hetgpt.planner.costs import counts
 from hetgpt.planner.memory import (CPU_OVERHEAD, GPU_OVERHEAD, GiB,
                                    estimate, held)
 from hetgpt.planner.plan import Plan
@@ -405,10 +405,6 @@ def make_plan(cfg, batch_size, ranks, plan='auto', micro_batch_size=0,
         no_shard.append(f" with dtype={dtype}: FSDP gathers the weights in "
                         f"one dtype for all ranks; use plan=ddp or "
                         f"plan=ddp+ac, or one dtype")
-    if not optimizer_updates_shards_alone(cfg):
-        no_shard.append(": model.make_optimizer's update of a matrix is "
-                        "not the update of its row shards (FSDP would "
-                        "change it): use plan=ddp or plan=ddp+ac")
     if no_shard and flags(tried[0])['shard'] and plan != 'auto':
         die(f"plan={plan}{no_shard[0]}")
     tried = tuple(s for s in tried

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from hetgpt.errors import die
+from hetgpt.run import whole_matrix
 from hetgpt.run.checkpoint import (checkpoints, confirm, is_good,
                                    newest_good, set_aside)
 
@@ -70,6 +71,13 @@ def step(model, optimizers, scaler, grad_clip):
     for opt in optimizers:
         opt.zero_grad(set_to_none=True)
     return norm, bad
+
+
+def whole(optimizers):
+    """make_optimizer's optimizers; each that holds FSDP2's shards and
+    whose update needs whole matrices (Muon) steps them whole
+    (hetgpt/run/whole_matrix.py)."""
+    return whole_matrix.wrap(optimizers)
 
 
 def param_groups(optimizers):
@@ -279,3 +287,4 @@ def _most(x):
 def _iter(path):
     """A checkpoint's iter, from its name (ckpt_<iter>)."""
     return int(os.path.basename(path)[len('ckpt_'):])
+
