@@ -148,7 +148,7 @@ run_plan = search.make_plan(
     model_args, batch_size, ranks, plan=plan, micro_batch_size=micro_batch_size,
     memory_fraction=memory_fraction, dtype=dtype, weights=weights,
     init_device='cpu' if pretrained else init_device,
-    outer_interval=outer_interval)
+    outer_interval=outer_interval, knobs=config)
 if not run_plan.fits:
     die(f"plan={plan} does not fit: {run_plan.advice}")
 local = local_steps.LocalSteps(config, run_plan, rank, world_size, local_world)

@@ -20,15 +20,20 @@ from model import GPTConfig
 import plan
 
 BATCH = ('batch_size', 'gradient_accumulation_steps', 'micro_batch_size')
-PLANNED = BATCH + ('memory_fraction', 'max_iters', 'outer_interval')  # plan.py reads these too
+PLANNED = BATCH + ('memory_fraction', 'max_iters', 'outer_interval',  # plan.py reads these too
+                   'optimizer', 'muon_lr', 'muon_momentum', 'muon_weight_decay')
 TINY_SHAPE = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=256, dropout=0.0,
                   bias=False, init_std=0.02)
 
 
 def bad_values(rule, kind):
     # What the rule's text excludes, one step past each end (derived here, not by the code)
+    if '|' in rule:  # choices: one that is none of them
+        return ['+'.join(rule.split('|'))]
+    if rule.startswith('>='):
+        return [kind(float(rule.lstrip('>= ')) - 1)]
     if rule.startswith('>'):
-        return [kind(float(rule.lstrip('>= ')))] + [kind(float(rule.lstrip('>= ')) - 1)]
+        return [kind(float(rule.lstrip('> ')))] + [kind(float(rule.lstrip('> ')) - 1)]
     low, high = (float(x) for x in rule[1:-1].split(','))
     return [kind(low - 1) if rule[0] == '[' else kind(low),
             kind(high + 1) if rule[-1] == ']' else kind(high)]
@@ -104,7 +109,7 @@ def test_each_bad_shape_is_the_same_line_from_train_plan_and_a_checkpoint(tmp_pa
     train = iter(json.loads(p.stdout.splitlines()[-1]))
     for i, (knob, value) in enumerate(CASES):
         said = error_line(*next(train))
-        assert said.startswith(f'{knob}={value}') and not os.path.exists(tmp_path / f'never{i}')
+        assert said.startswith((f'{knob}={value}', f'{knob}={value!r}')) and not os.path.exists(tmp_path / f'never{i}')
         if (knob, value) == ('n_embd', 30):
             divisors = [h for h in range(1, 31) if 30 % h == 0][-6:]
             assert said == f"n_embd=30 is not divisible by n_head=4; pick n_head among {divisors}"

@@ -358,7 +358,8 @@ def _advice(cfg, batch, ranks, plan, tried, mbs, inter_node_bw, results):
 
 def make_plan(cfg, batch_size, ranks, plan='auto', micro_batch_size=0,
               memory_fraction=1.0, dtype='auto', inter_node_bw=None,
-              weights=None, init_device='auto', outer_interval=0):
+              weights=None, init_device='auto', outer_interval=0,
+              knobs=None):
     """The plan (a Plan) of a config on these ranks.
 
     ranks: one dict per rank: device 'cuda'|'cpu', gpu (GPUS key or None),
@@ -374,8 +375,11 @@ def make_plan(cfg, batch_size, ranks, plan='auto', micro_batch_size=0,
     per rank (DDP only). outer_interval > 0: local steps, which run only
     the strategies knobs.refuses_local_steps accepts (plan=auto tries
     only those; where none fits, the advice says whether
-    outer_interval=0 does).
+    outer_interval=0 does). knobs: train.py's knobs that build the
+    optimizer (costs.set_train_knobs: optimizer=muon); None: as before.
     """
+    if knobs is not None:
+        costs.set_train_knobs(knobs)
     ranks = _normalise(ranks, memory_fraction)
     given = dtype_name(dtype).split(',')
     assert plan == 'auto' or plan in STRATEGIES, \
