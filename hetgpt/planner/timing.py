@@ -522,6 +522,21 @@ def optimizer_matmul_seconds(cfg, ranks, f):
     return seconds
 
 
+def whole_exchange(cfg, R, ring, bw):
+    """Seconds of a whole-matrix optimizer's exchange under FSDP2.
+
+    hetgpt/run/whole_matrix.py, one matrix at a time: its weight's and
+    gradient's rows gathered to its owner and the new weight's rows
+    sent back (float32: 12 bytes an element, (N-1)/N of them through
+    the owner's link), three collectives. 0 for an elementwise one.
+    """
+    mats = whole_matrices(cfg)
+    if R == 1 or not mats:
+        return 0.0
+    elements = sum(size for size, _, _ in mats)
+    return 12 * elements * ring / bw + 3 * len(mats) * COLLECTIVE_S
+
+
 def _parts(shares):
     """The split's parts, [(entry, ranks, share)], from its shares."""
     return [(i, k, x) for i, p in enumerate(shares) for x, k in p]
@@ -569,6 +584,8 @@ def step(cfg, batch, ranks, f, caps, ac, accumulate, weights=None,
             per_byte = 1 / (_dev(r)['hbm'] * 1e9 * HBM_EFFICIENCY)
         opt.append(step_bytes * per_byte + mm)
     bw, ring = bandwidth(ranks, inter_node_bw), (R - 1) / R
+    if f['shard']:
+        opt = [t + whole_exchange(cfg, R, ring, bw) for t in opt]
     cb = 2  # (FSDP's gathers: one dtype)
     if ranks[0]['dtype'] == 'float32':
         cb = 4
