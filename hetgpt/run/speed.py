@@ -171,7 +171,6 @@ class Speed:
             parts.append(part)
         self.log('  ' + '; '.join(parts))
 
-
     def record(self, row, seen):
         """Rewrites out_dir/measured.json: what plan.py --measured reads
         (hetgpt/planner/measured.py).
