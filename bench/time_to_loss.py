@@ -35,6 +35,8 @@ sweep_steps = 100      # gpt_tiny's steps in the sweep (make demo's are 500: cut
 wide_steps = 60        # the 256-wide model's steps (batch 8 × 128 tokens)
 lrs = '1.5e-3,3e-3,6e-3'     # AdamW: gpt_tiny's 3e-3 × {0.5, 1, 2}
 muon_lrs = '3e-3,6e-3,1.2e-2'  # Muon (match_rms_adamw scale): gpt_tiny's lr × {1, 2, 4}
+wide_lrs = '7.5e-4,1.5e-3,3e-3,6e-3'  # AdamW on the 256-wide model (its best was 1.5e-3,
+                       # the grid's edge: one lower)
 best_lr = 0.0          # stage=demo: AdamW's lr (0: the sweep's best, read from work)
 best_muon_lr = 0.0
 demo_steps = 500       # make demo's (gpt_tiny's max_iters)
@@ -112,8 +114,12 @@ def run_all(script, jobs):
         log = open(os.path.join(work, name + '.log'), 'w')
         procs.append((name, time.time(), subprocess.Popen(
             [sys.executable, script, *args], cwd=ROOT, env=env, stdout=log, stderr=log)))
-    for name, t0, p in procs:
-        _, status, usage = os.wait4(p.pid, 0)
+    running = {p.pid: (name, t0, p) for name, t0, p in procs}
+    while running:  # each as it ends: its own wall time
+        pid, status, usage = os.wait4(-1, 0)
+        if pid not in running:
+            continue
+        name, t0, p = running.pop(pid)
         p.returncode = status
         assert status == 0, open(os.path.join(work, name + '.log')).read()[-3000:]
         done = {'wall_s': time.time() - t0, 'cpu_s': usage.ru_utime + usage.ru_stime}
@@ -143,19 +149,26 @@ def reach(vals, target):
 
 
 def sweep_jobs(model, steps):
-    # AdamW at each of lrs, Muon at each of muon_lrs: (name, args)
+    # AdamW at each of lrs (wide_lrs), Muon at each of muon_lrs: (name, args)
+    rates = {'tiny': lrs, 'wide': wide_lrs}[model]
     return [(f'{model}_{arm}_{r:g}', args_of(model, arm, r, steps, f'{model}_{arm}_{r:g}'))
-            for arm, rates in (('adamw', lrs), ('muon', muon_lrs))
+            for arm, rates in (('adamw', rates), ('muon', muon_lrs))
             for r in map(float, rates.split(','))]
 
 
 def sweep(model, steps):
     # the final val loss of each run; the best of each arm
-    finals = {name: curve(name)[0][-1][2] for name, _ in sweep_jobs(model, steps)}
+    curves = {name: curve(name) for name, _ in sweep_jobs(model, steps)}
+    finals = {name: c[0][-1][2] for name, c in curves.items()}
     print(f'\n{model}, {steps} steps: final val loss per learning rate\n')
-    print('| arm | lr | final val loss |\n|---|---|---|')
+    print('| arm | lr | final val loss | median step s |\n|---|---|---|---|')
     for name, loss in finals.items():
-        print(f"| {name.split('_')[1]} | {name.split('_')[2]} | {loss:.4f} |")
+        print(f"| {name.split('_')[1]} | {name.split('_')[2]} | {loss:.4f} | "
+              f"{curves[name][1]:.3f} |")
+    step = {arm: np.median([c[1] for n, c in curves.items() if f'_{arm}_' in n])
+            for arm in ('adamw', 'muon')}
+    print(f"\nper-step time, Muon/AdamW, medians over the sweep's runs: "
+          f"{step['muon'] / step['adamw']:.3f}")
     best = {arm: min((n for n in finals if f'_{arm}_' in n), key=finals.get)
             for arm in ('adamw', 'muon')}
     return best['adamw'], best['muon']
