@@ -34,7 +34,10 @@ threads = 1            # OMP_NUM_THREADS of each run (two run at once)
 sweep_steps = 100      # gpt_tiny's steps in the sweep (make demo's are 500: cut to fit)
 wide_steps = 60        # the 256-wide model's steps (batch 8 × 128 tokens)
 lrs = '1.5e-3,3e-3,6e-3'     # AdamW: gpt_tiny's 3e-3 × {0.5, 1, 2}
-muon_lrs = '3e-3,6e-3,1.2e-2'  # Muon (match_rms_adamw scale): gpt_tiny's lr × {1, 2, 4}
+muon_lrs = ''          # Muon's; '': the edited copy's '3e-3,6e-3,1.2e-2' (match_rms_adamw: on
+                       # AdamW's scale, gpt_tiny's lr × {1, 2, 4}), the knob's '1e-2,2e-2,4e-2'
+                       # (Keller Jordan's scale, lr × max(1, rows/cols)^0.5: about 2.2× the
+                       # other for these shapes)
 wide_lrs = '7.5e-4,1.5e-3,3e-3,6e-3'  # AdamW on the 256-wide model (its best was 1.5e-3,
                        # the grid's edge: one lower)
 best_lr = 0.0          # stage=demo: AdamW's lr (0: the sweep's best, read from work)
@@ -98,7 +101,8 @@ def args_of(model, arm, lr, steps, name):
         args.append('--checkpoint_interval=0')  # (only the demo's runs are sampled)
     if arm == 'adamw':
         return args + [f'--learning_rate={lr:g}', f'--min_lr={lr / 10:g}']
-    return args + ['--optimizer=muon', f'--muon_lr={lr:g}']  # AdamW's part: the config's lr
+    return args + ['--optimizer=muon', f'--muon_lr={lr:g}',  # AdamW's part: the config's lr
+                   '--muon_weight_decay=0.1']  # (the config's weight_decay)
 
 
 def run_all(script, jobs):
@@ -220,6 +224,8 @@ def word_triples(text):
 
 os.makedirs(work, exist_ok=True)
 script_path, source = train_py()
+if not muon_lrs:
+    muon_lrs = '1e-2,2e-2,4e-2' if 'repository' in source else '3e-3,6e-3,1.2e-2'
 print(f'Muon from {source}; OMP_NUM_THREADS={threads} per run, a stage\'s runs at once',
       file=sys.stderr)
 best_file = os.path.join(work, 'best.json')
