@@ -6,7 +6,8 @@ this machine, each at the best learning rate of a small sweep, on configs/gpt_ti
   python bench/time_to_loss.py --stage=sweep     # only the sweeps (--stage=demo: only the pair)
 Every run is a plain train.py command (printed), one thread each; all the runs of a stage run AT
 THE SAME TIME (a sweep's 12, the demo's 2), so all meet the same load from the machine's other
-work: the per-step time ratio is read between runs that ran at once. Tokens to a loss are deterministic; seconds are not.
+work: the per-step time ratio is read between runs that ran at once. Tokens to a loss are
+deterministic; seconds are not.
 Muon: train.py's --optimizer=muon when the repository has that knob; until then an edited copy
 of the repository (out/ttl/code) whose make_optimizer gives the blocks' 2-D weights to
 torch.optim.Muon (lr scaled as adjust_lr_fn='match_rms_adamw', Moonshot's arXiv 2502.16982: its
