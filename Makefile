@@ -25,7 +25,8 @@ data/pydocs/train.bin: data/prepare.py | .venv/runtime
 	$(PY) data/prepare.py --dataset pydocs --overwrite
 
 demo: .venv/runtime data/pydocs/train.bin
-	$(PY) train.py configs/gpt_tiny.py --device=cpu --init_from=auto
+	$(PY) train.py configs/gpt_tiny.py --device=cpu --init_from=auto \
+	    --optimizer=muon --muon_weight_decay=0.1
 	$(PY) sample.py --out_dir=out/tiny --start="The dictionary" --num_samples=10 \
 	    --max_new_tokens=100 --top_k=40
 
