@@ -12,7 +12,7 @@ Muon: train.py's --optimizer=muon when the repository has that knob; until then 
 of the repository (out/ttl/code) whose make_optimizer gives the blocks' 2-D weights to
 torch.optim.Muon (lr scaled as adjust_lr_fn='match_rms_adamw', Moonshot's arXiv 2502.16982: its
 lr is on AdamW's scale) and the rest to AdamW, as tests/test_optimizer.py's MUON edit.
-Prints markdown tables for bench/RESULTS_ttl.md.
+Prints markdown tables for bench/RESULTS.md ("Time to loss").
 """
 import json
 import os

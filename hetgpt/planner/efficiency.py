@@ -3,7 +3,7 @@ The step efficiency: how far a real PyTorch step falls below the sum of
 its kernels at their micro-benchmark rates (hetgpt/planner/timing.py's
 clock, the ceiling). One number per GPU generation, fitted on published
 end-to-end PyTorch runs (bench/published.py) and checked on runs it
-never saw (leave one source out: bench/RESULTS_calib.md). It divides a
+never saw (leave one source out: bench/RESULTS.md). It divides a
 GPU rank's compute (its kernels and launches, timing.compute), not its
 collectives, PCIe copies or host optimizer step, which keep their own
 rates. A rank that carries 'efficiency' (measured from the user's own
