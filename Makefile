@@ -34,11 +34,8 @@ demo: .venv/runtime data/pydocs/train.bin
 # busy (26 min on one, 17 on two, 25 on three, on a 2-core machine: bench/RESULTS.md).
 # TEST_WORKERS=0 runs them in this process.
 TEST_WORKERS ?= 2
-# Tests marked `alone` time a run against a prediction: they run after the others, one at a time,
-# with the cores to themselves.
 test: .venv/dev
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=8 -m 'not alone' tests
-	$(PY) -m pytest -q -n 0 -m alone tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=8 tests
 
 # The fast tier a researcher runs after an edit: each kind of claim once, at its smallest size
 # (CHECK in tests/conftest.py; docs/testing.md has its time).

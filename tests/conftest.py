@@ -48,8 +48,6 @@ LONGEST = ('test_readme.py::test_make_demo_learns',
 
 def pytest_configure(config):
     config.addinivalue_line('markers', 'check: the fast tier (make check): CHECK in conftest.py')
-    config.addinivalue_line('markers', 'alone: times a run against a prediction; make test runs '
-                            'these last, one at a time, the cores to themselves')
 
 
 def pytest_collection_modifyitems(config, items):

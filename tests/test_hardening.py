@@ -94,7 +94,7 @@ def test_tampered_metadata_runs_nothing(work, tmp_path, entry, name, monkeypatch
 def test_scratch_over_another_runs_checkpoints_is_refused_and_touches_nothing(work, tmp_path):
     out = tmp_path / 'ten'
     shutil.copytree(work / 'ten', out)
-    assert sorted(os.listdir(out)) == ['ckpt_00000009', 'ckpt_00000010', 'metrics.jsonl']
+    assert sorted(os.listdir(out)) == ['ckpt_00000009', 'ckpt_00000010', 'measured.json', 'metrics.jsonl']
     before = snapshot(out)
     for init in ('scratch', 'gpt2'):
         p = run_train(work, *RUN, '--max_iters=4', '--checkpoint_interval=2', '--keep_last=2',
@@ -104,7 +104,7 @@ def test_scratch_over_another_runs_checkpoints_is_refused_and_touches_nothing(wo
     p = run_train(work, *RUN, '--max_iters=12', '--checkpoint_interval=2', '--keep_last=2',
                   f'--out_dir={out}', '--init_from=auto')
     assert 'resumed from' in p.stdout and 'ckpt_00000010' in p.stdout
-    assert sorted(os.listdir(out)) == ['ckpt_00000010', 'ckpt_00000012', 'metrics.jsonl']
+    assert sorted(os.listdir(out)) == ['ckpt_00000010', 'ckpt_00000012', 'measured.json', 'metrics.jsonl']
 
 
 def test_the_checkpoint_just_written_is_never_pruned(work, tmp_path):

@@ -119,7 +119,7 @@ def test_training_imports_neither_wandb_nor_datasets_unless_asked(work):
 def test_keep_last_keeps_n_checkpoints(work):
     run_train(work, *TINY, '--batch_size=2', '--max_iters=4', '--checkpoint_interval=1', '--keep_last=2',
               '--out_dir=keep', '--eval_interval=100')
-    assert sorted(os.listdir(work / 'keep')) == ['ckpt_00000003', 'ckpt_00000004', 'metrics.jsonl']
+    assert sorted(os.listdir(work / 'keep')) == ['ckpt_00000003', 'ckpt_00000004', 'measured.json', 'metrics.jsonl']
 
 
 # Mistakes that configure() meets (a typo'd key, a value of the wrong type or out of its rule, a
