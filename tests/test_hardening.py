@@ -411,6 +411,18 @@ def test_a_resume_on_another_dataset_is_one_line_and_goes_on_only_when_asked(wor
     assert 'iter 12: loss' in p.stdout and latest_checkpoint(out).endswith('ckpt_00000012')
 
 
+def test_a_resume_with_another_optimizer_is_one_line(work, tmp_path):
+    # an AdamW run resumed with optimizer=muon: its state is AdamW's, not a damaged checkpoint
+    out = tmp_path / 'run'
+    shutil.copytree(work / 'ten', out)
+    before = snapshot(out)
+    p = run_train(work, *RUN, '--max_iters=12', f'--out_dir={out}', '--init_from=auto',
+                  '--optimizer=muon', check=False)
+    line = one_error_line(p)
+    assert "optimizer='adamw'" in line and 'damaged' not in line, line
+    assert snapshot(out) == before
+
+
 def test_a_resume_on_other_data_of_the_same_size_is_one_line(work, tmp_path):
     # the checkpoint's data replaced by other tokens of the same size, its times kept (cp -p over
     # it): the resume says so in one line and touches nothing (new_dataset=True and checkpoints

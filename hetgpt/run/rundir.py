@@ -132,6 +132,11 @@ def claim(config, rank):
         die(f"{path} was trained on dataset={was!r}, not {dataset!r}: "
             f"new_dataset=True to go on with {dataset!r}, or "
             f"dataset={was!r}")
+    was = saved.get('config', {}).get('optimizer', 'adamw')
+    if was != config['optimizer']:  # (its state is that optimizer's)
+        die(f"{path} was trained with optimizer={was!r}, not "
+            f"{config['optimizer']!r}: optimizer={was!r} to resume it, "
+            f"or another out_dir")
     done = saved.get('iter', 0) >= config['max_iters']
     if done and not config['eval_only']:
         if rank == 0:
