@@ -32,10 +32,12 @@ demo: .venv/runtime data/pydocs/train.bin
 
 # Two workers (pytest-xdist): most tests wait on the processes they start, so two keep both cores
 # busy (26 min on one, 17 on two, 25 on three, on a 2-core machine: bench/RESULTS.md).
-# TEST_WORKERS=0 runs them in this process.
+# TEST_WORKERS=0 runs them in this process. Then the tests that time this machine's speed, on one
+# worker with nothing else of the suite (ALONE in tests/conftest.py).
 TEST_WORKERS ?= 2
 test: .venv/dev
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=8 tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=8 -m 'not alone' tests
+	$(PY) -m pytest -q -n 0 -m alone tests
 
 # The fast tier a researcher runs after an edit: each kind of claim once, at its smallest size
 # (CHECK in tests/conftest.py; docs/testing.md has its time).

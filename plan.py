@@ -10,6 +10,7 @@ and rules (hetgpt/knobs.py); the table shows each rank's strategy, micro-batch, 
 """
 import argparse
 import math
+import os
 import re
 import shlex
 import sys
@@ -82,9 +83,12 @@ def _cluster(gpus, nodes, host_mem, batch=None, cpu_flops=None):
         knobs.feeds(batch, R)
     host = host_mem * GiB if host_mem else None
     host_from = 'given (--host_mem)' if host else None
+    # a CPU rank's threads: torchrun gives each of a node's 2+ ranks one (OMP_NUM_THREADS=1); a
+    # lone process has torch's default, the cores it may use (as on this machine)
+    threads = 1 if per > 1 else len(os.sched_getaffinity(0))
     rank = lambda g: dict(device='cuda', gpu=g, host_mem=host, host_from=host_from) \
         if g != 'cpu' else dict(device='cpu', gpu=None, host_mem=host, host_from=host_from,
-                                mem=host and host // per, flops=cpu_flops)
+                                mem=host and host // per, flops=cpu_flops, threads=threads)
     return cluster.layout([(c, rank(g)) for c, g in kinds], per)
 
 
@@ -133,7 +137,8 @@ def main(argv=None):
                     "--inter_node_gbs for an ordinary network; with 2+ nodes plan.py also times "
                     "local steps (--outer_interval=H, docs/two_machines.md)")
     ap.add_argument('--cpu_gflops', type=float, default=None,
-                    help="GFLOP/s of a CPU rank (default: a guess, 100)")
+                    help="GFLOP/s of a CPU rank (default: a guess, 100 a thread; under torchrun "
+                         "each of a node's 2+ ranks has one thread, a lone process its CPUs)")
     ap.add_argument('--measured', metavar='OUT_DIR', default=None,
                     help="a train.py run's out_dir (finished or running): the kinds of GPU "
                          "(or cpu) it had are planned at the step efficiency it measured "

@@ -241,10 +241,12 @@ def this_rank(device_type, rank, local_world, stated=None, host_bw=None):
     if device_type != 'cuda':
         # (its overhead: the process before the model, torch and the
         # group loaded, as it is now)
+        # (its threads: torch's intra-op threads, its compute's rate)
         return dict(device='cpu', node=node, host_mem=host,
                     host_from=host_from, gpu=None,
                     mem=stated or host // local_world, overhead=rss(),
-                    dtype=native_dtype('cpu'))
+                    dtype=native_dtype('cpu'),
+                    threads=torch.get_num_threads())
     total = torch.cuda.mem_get_info()[1]
     if stated and stated > total:
         die(f"HETGPT_MEM_GIB states {stated / 2**30:.1f} GiB for rank "

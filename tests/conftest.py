@@ -1,9 +1,15 @@
-"""The suite's pytest hooks: `make check`'s tier (CHECK), and the longest tests first.
+"""The suite's pytest hooks: `make check`'s tier (CHECK), the tests that run alone (ALONE), and the
+longest tests first.
 
 CHECK is the fast tier a researcher runs after an edit (`make check`, docs/testing.md): each kind of
 claim once, at the smallest size that still makes it. Each entry names the claim its test makes;
 `make test` runs these and every other test. bench/check_mutations.py breaks each claim once in a
-copy of the repository and checks that its test fails."""
+copy of the repository and checks that its test fails.
+
+ALONE: the tests whose claim is a speed measured on this machine, each against a prediction: `make
+test` runs them after the others, on one worker, so that no test of the suite shares the cores with
+them (the rest of the suite on 2 workers would: a lone CPU process's threads then ran 4× slower,
+bench/RESULTS.md "plan.py --measured")."""
 import pytest
 
 CHECK = {
@@ -40,6 +46,10 @@ CHECK = {
         "the house by role: the dry run reaches nothing of the run or the data",
 }
 
+ALONE = ('test_measured_run.py::test_a_run_predicts_itself_within_10_percent',
+         'test_measured_run.py::test_one_rank_predicts_two_within_25_percent',
+         'test_measured_run.py::test_kinds_the_run_had_are_measured_and_the_others_priors')
+
 LONGEST = ('test_readme.py::test_make_demo_learns',
            'test_gpu_check.py::test_gpu_check_dry_run',
            'test_two_nodes.py::test_two_machines_over_a_slow_link',
@@ -48,6 +58,7 @@ LONGEST = ('test_readme.py::test_make_demo_learns',
 
 def pytest_configure(config):
     config.addinivalue_line('markers', 'check: the fast tier (make check): CHECK in conftest.py')
+    config.addinivalue_line('markers', 'alone: run with no other test (make test): ALONE')
 
 
 def pytest_collection_modifyitems(config, items):
@@ -60,7 +71,11 @@ def pytest_collection_modifyitems(config, items):
         if name in CHECK:
             item.add_marker(pytest.mark.check)
             found.add(name)
-    if config.getoption('markexpr') == 'check' and found != set(CHECK):  # (a test renamed)
-        raise pytest.UsageError(f"conftest.CHECK names tests that do not exist: "
-                                f"{sorted(set(CHECK) - found)}")
+        if name in ALONE:
+            item.add_marker(pytest.mark.alone)
+            found.add(name)
+    known = {'check': set(CHECK), 'alone': set(ALONE)}.get(config.getoption('markexpr'))
+    if known and not known <= found:  # (a test renamed)
+        raise pytest.UsageError(f"conftest.py names tests that do not exist: "
+                                f"{sorted(known - found)}")
     items.sort(key=lambda item: not any(name in item.nodeid for name in LONGEST))  # (stable)

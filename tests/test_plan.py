@@ -734,7 +734,7 @@ def test_plan_auto_with_local_steps_plans_a_whole_model(name, gpu, count, per_no
 # 8 GPUs on 3 nodes are 3/3/2; gpt_tiny on 4 CPU ranks: every step's plan is fsdp-noreshard.
 PLAN_LOCAL = [('--gpus 8xRTX4090 --nodes 3 --link_gbit 1', 'not for this layout'),
               ('--gpus 8xRTX4090 --nodes 4 --link_gbit 1', 'local steps, outer_interval=500'),
-              ('--gpus 4xcpu --host_mem 16 --nodes 2', 'not for this plan'),
+              ('--gpus 4xcpu --host_mem 16 --nodes 2 --plan fsdp', 'not for this plan'),
               ('--gpus 4xcpu --host_mem 16 --nodes 2 --outer_interval=5',
                'local steps, outer_interval=5:')]
 

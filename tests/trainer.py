@@ -78,7 +78,10 @@ def train_command(nproc=1, faults=False, torchrun_args=(), code=ROOT):
 
 def run_train(cwd, *args, nproc=1, check=True, timeout=600, env=None, faults=False, code=ROOT):
     cmd = train_command(nproc, faults, code=code)
-    full_env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore', **(env or {}))
+    # (env: a variable at None is left unset: OMP_NUM_THREADS=None runs as a user's plain command)
+    full_env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore')
+    full_env.update(env or {})
+    full_env = {k: v for k, v in full_env.items() if v is not None}
     p = subprocess.run(cmd + list(args), cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)
     if check and p.returncode != 0:
         raise AssertionError(f"train.py failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}")

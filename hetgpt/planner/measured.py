@@ -3,12 +3,14 @@ plan.py --measured OUT_DIR: a plan from a run's own measured speed.
 
 train.py's rank 0 rewrites OUT_DIR/measured.json at each log line
 (hetgpt/run/speed.py's Speed.record): the model, the batch, the strategy,
-each rank's kind (its GPU or cpu), dtype and ac, and per log interval the
-tokens/s, each rank's micro-batches and its compute seconds. read() takes
+each rank's kind (its GPU or cpu), dtype, ac and threads, and per log
+interval the tokens/s, each rank's micro-batches and its compute seconds. read() takes
 it as untrusted input: a damaged or foreign record is one line, exit 2.
 calibrate() turns it into a step efficiency per kind (efficiency.py): the
 share of the kernel-rate compute (timing.py at efficiency 1.0) that this
-run reached, so that it carries over to another shape, batch or cluster.
+run reached, so that it carries over to another shape, batch or cluster
+(a CPU's per thread: a lone process computes on all its cores, each of a
+node's 2+ ranks under torchrun on one).
 
 Its measured tokens/s: the median of its log intervals after the first
 (warm-up). The step efficiencies: relative between kinds from each rank's
@@ -28,9 +30,10 @@ from hetgpt.gpus import GPUS
 from hetgpt.knobs import DTYPES, MAX_BATCH, STRATEGIES, model_defaults
 
 NAME = 'measured.json'
-FORMAT = 'hetgpt-measured/1'
+FORMAT = 'hetgpt-measured/2'  # /2: each rank's threads
 MAX_BYTES = 64 * 2**20  # a record of 50 intervals of 100k ranks
 MAX_RANKS = 2**17
+MAX_THREADS = 2**12  # a rank's
 WARM_UP = 1  # log intervals left out: compiling, caches, the allocator
 ENOUGH = 3  # log intervals after those that a plan needs
 HUGE = 1e9  # an efficiency at which compute takes no time
@@ -80,6 +83,9 @@ def _rank_fault(r):
     if type(r.get('ac')) is not bool or not _count(r.get('node'),
                                                     0, MAX_RANKS):
         return "a rank's ac or node is missing or not what it should be"
+    if not _count(r.get('threads'), 1, MAX_THREADS):
+        return f"a rank's threads {r.get('threads')!r} is not a count " \
+               f"of 1 to {MAX_THREADS}"
     return None
 
 
@@ -188,7 +194,8 @@ def _ranks(rec, scale=1.0, relative=None):
         e = scale * (relative or {}).get(r['kind'], 1.0)
         out.append(dict(device='cpu' if cpu else 'cuda',
                         gpu=None if cpu else r['kind'], node=r['node'],
-                        dtype=r['dtype'], count=1, efficiency=e))
+                        dtype=r['dtype'], count=1, efficiency=e,
+                        threads=r['threads']))
     return out
 
 

@@ -5,13 +5,14 @@ predicted before any of them runs, from the devices' datasheets
 rank's compute (c0 seconds per micro-batch, c1 per sequence: what
 hetgpt/planner/balance.py splits by), the optimizer step, and the
 collectives (NCCL's rings, gloo), overlapped as DDP and FSDP2 overlap
-them. The planner times each strategy with it; train.py then measures
+them on a GPU (on a CPU rank they take its cores: added). The planner times each strategy with it; train.py then measures
 each rank's compute (hetgpt/run/speed.py's Speed) and splits the batch
 again by that.
 """
 import functools
 import itertools
 import math
+import operator
 from collections import Counter
 from dataclasses import replace
 
@@ -93,9 +94,15 @@ HOST_ADAM_BW = 100e9
 LAUNCH_S = 1e-4
 # seconds per FSDP group per micro-batch: hooks, copy-in/copy-out
 FSDP_GROUP_S = 2e-4
-# FLOP/s of a CPU rank when not measured (2 AVX-512 cores, float32)
+# FLOP/s of a CPU rank's thread when not measured (float32), a round
+# figure: 512x512 matmuls on one thread of this machine's AMD EPYC (AVX-512) ran at
+# 86-90 GFLOP/s, two threads at 183 (bench/RESULTS.md, "plan.py
+# --measured"); a rank computes on its threads (cpu_flops)
 CPU_FLOPS = 1e11
-CPU_COMM_BW = 2e9  # gloo over loopback
+# gloo over loopback, bytes/s as a ring counts them: an all-reduce of
+# 29.1 MB between 2 processes of this machine took 31 ms
+# (bench/gloo_collectives.py, bench/RESULTS.md "plan.py --measured")
+CPU_COMM_BW = 0.94e9
 DDP_BUCKET = 25 * 2**20  # bytes per all-reduce: DDP's default bucket_cap_mb
 # its first bucket's (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES)
 DDP_FIRST_BUCKET = 2**20
@@ -222,9 +229,12 @@ def said(ranks):
         out.append(f"{gpu or 'GPU'} {mm}, {att}, "
                    f"step efficiency {e:.2f} ({how})")
     if not out:
-        flops = (ranks[0].get('flops') or CPU_FLOPS) \
-            * step_efficiency(ranks[0])
-        return f"CPU at {flops:.3g} FLOP/s"
+        r = ranks[0]
+        flops = cpu_flops(r) * step_efficiency(r)
+        threads = ''
+        if not r.get('flops'):
+            threads = f" ({r.get('threads', 1)} thread(s) a rank)"
+        return f"CPU at {flops:.3g} FLOP/s{threads}"
     hbm = f"memory at {HBM_EFFICIENCY:.0%} of HBM"
     return '; '.join(out + [hbm])
 
@@ -294,20 +304,27 @@ def _grown(shape, ran, micro, block_size, gpu, dtype):
     return more * matmul_seconds(gpu, dtype, b, m, n, k)
 
 
+def cpu_flops(rank):
+    """A CPU rank's FLOP/s (or the host's, for a GPU rank's offloaded
+    work): as stated (plan.py --cpu_gflops), else CPU_FLOPS × its
+    threads (rank['threads']: torch's intra-op threads, 1 where not
+    said)."""
+    return rank.get('flops') or CPU_FLOPS * rank.get('threads', 1)
+
+
 def compute(cfg, rank, ac, shard, micro):
     """(c0, c1) of a rank at micro-batches of `micro` sequences.
 
     A micro-batch takes c0 + c1 × its size (balance.py splits by them).
     A GPU: its kernels by kind (_kernels), c1 their seconds per sequence
-    at this size; a CPU: its FLOPs at CPU_FLOPS. Both over the rank's
+    at this size; a CPU: its FLOPs at cpu_flops. Both over the rank's
     step efficiency (efficiency.step_efficiency: kernel rates are the
     ceiling).
     """
     eff = step_efficiency(rank)
     c0 = launches(cfg, shard) / eff
     if rank['device'] == 'cpu':
-        # (its FLOP/s where stated: plan.py --cpu_gflops)
-        flops = rank.get('flops') or CPU_FLOPS
+        flops = cpu_flops(rank)
         return c0, flops_per_sequence(cfg, ac) / flops / eff
     gpu = None
     if rank['gpu'] in GPUS:
@@ -468,12 +485,12 @@ def _matmuls_seconds(items, device, gpu, flops, offload):
 
     A GPU's (gpu: its GPUS key, or None): each at its shape's rate in
     its dtype (matmul_seconds); the host's under offload, or a CPU
-    rank's: at flops (CPU_FLOPS where None).
+    rank's: at flops (its cpu_flops).
     """
     total = 0.0
     for (b, m, n, k, dtype), count in items:
         if offload or device == 'cpu':
-            total += count * 2 * b * m * n * k / (flops or CPU_FLOPS)
+            total += count * 2 * b * m * n * k / flops
         else:
             total += count * matmul_seconds(gpu, dtype, b, m, n, k)
     return total
@@ -510,7 +527,7 @@ def optimizer_matmul_seconds(cfg, ranks, f):
         gpu = None
         if r.get('gpu') in GPUS:
             gpu = r['gpu']
-        on = (r['device'], gpu, r.get('flops'), f['offload'])
+        on = (r['device'], gpu, cpu_flops(r), f['offload'])
         # the seconds of the matrices each of the entry's ranks owns
         load = Counter()
         for (_, part, i), k in zip(mats, owner):
@@ -589,10 +606,18 @@ def step(cfg, batch, ranks, f, caps, ac, accumulate, weights=None,
     cb = 2  # (FSDP's gathers: one dtype)
     if ranks[0]['dtype'] == 'float32':
         cb = 4
+    # Collectives beside compute: a GPU's overlap (NCCL's kernels on
+    # their own stream); a CPU rank's add (gloo's threads take the cores
+    # its compute runs on: bench/RESULTS.md, "plan.py --measured")
+    cpu = any(r['device'] == 'cpu' for r in ranks)
+    beside = max
+    if cpu:
+        beside = operator.add
     if not f['shard']:
         # DDP: each rank alone, then the all-reduce of the fp32 grads
         # (all_reduce), overlapped with the backward (2/3) of the
-        # slowest rank's last micro-batch, all but its last bucket.
+        # slowest rank's last micro-batch, all but its last bucket
+        # (CPU ranks: not overlapped).
         if weights:
             shares = weighted_shares(batch, weights, m)
         else:
@@ -609,6 +634,8 @@ def step(cfg, batch, ranks, f, caps, ac, accumulate, weights=None,
         last = c0[i] + c1[i] * max(rs[slow][-1][0], 1)
         exposed = max(last_bucket(n, R, ring, bw),
                       all_reduce(n, R, ring, bw) - 2 / 3 * last)
+        if cpu:
+            exposed = all_reduce(n, R, ring, bw)
         parts = [(*p, r) for p, r in zip(split, rs)]
         return busy[slow] + exposed, parts
     gather, reduce, host_add = _comm(f, n, R, ring, bw, cb, ranks,
@@ -640,10 +667,10 @@ def step(cfg, batch, ranks, f, caps, ac, accumulate, weights=None,
         rs = [runs(x, caps[i], K) for i, _, x in split]
         segments = lockstep_segments(rs, [c0[i] for i, *_ in split],
                                      [c1[i] for i, *_ in split])
-        t = sum(k * max(comm, c) for k, c in segments)
+        t = sum(k * beside(comm, c) for k, c in segments)
         if accumulate:  # (the last micro-batch reduces)
             end = segments[-1][1]
-            t += max(gather + reduce, end) - max(gather, end)
+            t += beside(gather + reduce, end) - beside(gather, end)
         t += host_add * (K - 1)
         if best is None or t + max(opt) < best[0]:
             parts = [(*p, r) for p, r in zip(split, rs)]

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 import torch
 
 from hetgpt.gpus import peak_flops
+from hetgpt.planner import measured
 from hetgpt.planner.balance import fit, rebalance
 from hetgpt.planner.costs import mfu
 from hetgpt.run.process_group import gather
@@ -175,8 +176,8 @@ class Speed:
         """Rewrites out_dir/measured.json: what plan.py --measured reads
         (hetgpt/planner/measured.py).
 
-        The plan's model, batch, strategy and each rank's kind, dtype and
-        ac; per log interval of this start (the last 50): its tokens/s,
+        The plan's model, batch, strategy and each rank's kind, dtype, ac
+        and threads (a CPU rank's: its compute's rate); per log interval of this start (the last 50): its tokens/s,
         each rank's micro-batches and its compute seconds of a step
         (None where not timed: one rank; CUDA before its first timed
         step). Through a temporary file and a rename: a reader sees the
@@ -191,9 +192,9 @@ class Speed:
             iter=row['iter'], tokens_per_sec=row['tokens_per_sec'],
             sizes=[list(ms) for ms, _, _ in seen], compute_s=compute)]
         ranks = [dict(kind=r['gpu'] or 'cpu', dtype=d, ac=a,
-                      node=r['node'])
+                      node=r['node'], threads=r.get('threads', 1))
                  for r, d, a in zip(p.ranks, p.dtypes, p.ac)]
-        out = {'format': 'hetgpt-measured/1',
+        out = {'format': measured.FORMAT,
                'model': dataclasses.asdict(p.config),
                'batch_size': p.batch_size, 'block_size': p.block_size,
                'strategy': p.strategy,
