@@ -120,13 +120,14 @@ def test_local_steps_refuse_a_sharded_plan(tmp_path):
 
 def test_plan_auto_gives_local_steps_a_whole_model(tmp_path):
     # plan=auto with local steps on two ranks of one machine, where every step's plan shards the
-    # model (0.8M parameters on two CPU ranks: fsdp-noreshard, faster by the planner's timing, as
-    # train.py would plan them): local steps train a whole one. (Where only a sharded plan fits,
-    # the one line says outer_interval=0 does: test_plan.py's LOCAL_PLANS.)
+    # model (6.4M parameters on two CPU ranks: fsdp-noreshard, faster by the planner's timing, as
+    # train.py would plan them: its optimizer step halved; at 0.8M DDP is faster): local steps
+    # train a whole one. (Where only a sharded plan fits, the one line says outer_interval=0
+    # does: test_plan.py's LOCAL_PLANS.)
     from hetgpt import hardware
     from hetgpt.planner import search
     from model import GPTConfig
-    shape = dict(n_layer=4, n_head=2, n_embd=128, block_size=32, vocab_size=256)
+    shape = dict(n_layer=2, n_head=2, n_embd=512, block_size=32, vocab_size=256)
     ranks = [hardware.this_rank('cpu', r, 2) for r in range(2)]
     every = search.make_plan(GPTConfig(**shape, bias=False, dropout=0.0), 8, ranks, dtype='float32')
     assert every.fits and every.shard, every.strategy  # (the case)
