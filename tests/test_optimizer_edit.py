@@ -126,7 +126,7 @@ with __import__('torch').device('meta'):
     shapes = [tuple(p.shape) for p in model.GPT(cfg).parameters()]
 print(json.dumps(dict(
     per=sorted(set(sum(costs.optimizer_state_bytes(cfg), ()))),
-    alone=costs.optimizer_updates_shards_alone(cfg),
+    alone=not any(sum(costs.optimizer_whole(cfg), ())),
     ddp=memory.estimate(cfg, 'ddp', 1, 2)['optim'],
     fsdp=memory.estimate(cfg, 'fsdp', 1, 2)['optim'],
     elements=sum(math.prod(s) for s in shapes),

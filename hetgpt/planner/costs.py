@@ -336,8 +336,8 @@ def set_train_knobs(config):
         return
     GIVEN.clear()
     GIVEN.update(config)
-    for measured in (optimizer_state_bytes, step_bytes,
-                     optimizer_updates_shards_alone, _whole, _matmuls):
+    for measured in (optimizer_state_bytes, step_bytes, _whole,
+                     _matmuls):
         measured.cache_clear()
 
 
@@ -454,22 +454,33 @@ def _per_part(net, value):
             tuple(value(p) for p in net.parameters() if id(p) not in mine))
 
 
-def _needs_whole(opt, group):
-    """Whether opt's update of a matrix, with group's settings, is not
-    the update of its row halves, each stepped alone."""
+def settings(opt, group):
+    """A group's settings that opt's class takes (lr, momentum, ...)."""
     takes = inspect.signature(type(opt)).parameters
-    settings = {k: v for k, v in group.items()
-                if k in takes and k != 'params'}
-    torch.manual_seed(0)
-    whole = torch.nn.Parameter(torch.randn(8, 6))
+    return {k: v for k, v in group.items()
+            if k in takes and k != 'params'}
+
+
+def needs_whole(opt, group):
+    """Whether opt's update of a matrix, with group's settings, is not
+    the update of its row halves, each stepped alone.
+
+    opt's class steps a random 8 × 6 matrix whole and as two halves (a
+    generator of its own: the caller's random state is left as it was);
+    an elementwise optimizer (AdamW, SGD) gives the same weights. The
+    planner (optimizer_whole) and the run (hetgpt/run/whole_matrix.py)
+    ask it.
+    """
+    draw = torch.Generator().manual_seed(0)
+    whole = torch.nn.Parameter(torch.randn(8, 6, generator=draw))
     halves = [torch.nn.Parameter(h.clone())
               for h in whole.detach().split(4)]
-    grad = torch.randn(8, 6)
+    grad = torch.randn(8, 6, generator=draw)
     tries = (([whole], [grad]), (halves, grad.split(4)))
     for params, grads in tries:
         for p, g in zip(params, grads):
             p.grad = g.clone()
-        type(opt)(params, **settings).step()
+        type(opt)(params, **settings(opt, group)).step()
     joined = torch.cat([h.detach() for h in halves])
     return not torch.allclose(whole.detach(), joined, atol=1e-6)
 
@@ -500,18 +511,9 @@ def _whole(cfg, make_optimizer):
         for group in opt.param_groups:
             matrices = [p for p in group['params'] if p.dim() == 2]
             if matrices:
-                needs = _needs_whole(opt, group)
+                needs = needs_whole(opt, group)
                 whole.update((id(p), needs) for p in matrices)
     return _per_part(net, lambda p: whole.get(id(p), False))
-
-
-@functools.lru_cache(maxsize=None)
-def optimizer_updates_shards_alone(cfg):
-    """Whether each optimizer of the matrices updates a shard as a whole.
-
-    (No parameter's update needs its whole matrix: optimizer_whole.)
-    """
-    return not any(sum(optimizer_whole(cfg), ()))
 
 
 # one step's matmuls of an optimizer on a parameter, by (optimizer,
@@ -525,14 +527,12 @@ def _step_matmuls(opt, group, shape):
     Of this shape, with group's settings, on a fake tensor (the
     caller's FakeTensorMode), recorded by _Work: sorted items.
     """
-    takes = inspect.signature(type(opt)).parameters
-    settings = {k: v for k, v in group.items()
-                if k in takes and k != 'params'}
-    key = (type(opt), repr(sorted(settings.items())), shape)
+    given = settings(opt, group)
+    key = (type(opt), repr(sorted(given.items())), shape)
     if key not in _STEPS:
         q = torch.nn.Parameter(torch.empty(shape))
         q.grad = torch.zeros_like(q)
-        one = type(opt)([q], **settings)
+        one = type(opt)([q], **given)
         with _Work() as work:
             one.step()
         _STEPS[key] = tuple(sorted(work.matmuls.items()))

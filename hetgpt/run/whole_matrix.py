@@ -11,13 +11,12 @@ torch.optim.Muon on FSDP2's DTensor shards runs without an error but is
 not Muon's update of the matrix (tests/test_muon.py); muon-fsdp2 on PyPI
 gathers shards of equal size only (docs/training.md).
 """
-import inspect
-
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from hetgpt.owners import owners
+from hetgpt.planner import costs
 
 
 def wrap(optimizers):
@@ -28,38 +27,14 @@ def wrap(optimizers):
 
 
 def needs_whole(opt):
-    """Whether opt holds sharded matrices it cannot step shard by shard.
-
-    Each group's optimizer, with the group's settings, steps a random
-    8 × 6 matrix whole and as two halves: an elementwise one (AdamW,
-    SGD) gives the same weights.
-    """
+    """Whether opt holds sharded matrices it cannot step shard by shard
+    (hetgpt/planner/costs.py's needs_whole, for a group of matrices)."""
     params = [p for g in opt.param_groups for p in g['params']]
     if not any(isinstance(p, DTensor) for p in params):
         return False
-    for group in opt.param_groups:
-        if not any(p.dim() == 2 for p in group['params']):
-            continue
-        draw = torch.Generator().manual_seed(0)  # (not the run's)
-        whole = torch.nn.Parameter(torch.randn(8, 6, generator=draw))
-        halves = [torch.nn.Parameter(h.clone())
-                  for h in whole.detach().split(4)]
-        grad = torch.randn(8, 6, generator=draw)
-        for ps, gs in (([whole], [grad]), (halves, grad.split(4))):
-            for p, g in zip(ps, gs):
-                p.grad = g.clone()
-            type(opt)(ps, **settings(opt, group)).step()
-        joined = torch.cat([h.detach() for h in halves])
-        if not torch.allclose(whole.detach(), joined, atol=1e-6):
-            return True
-    return False
-
-
-def settings(opt, group):
-    """A group's settings that opt's class takes (lr, momentum, ...)."""
-    takes = inspect.signature(type(opt)).parameters
-    return {k: v for k, v in group.items()
-            if k in takes and k != 'params'}
+    return any(costs.needs_whole(opt, group)
+               for group in opt.param_groups
+               if any(p.dim() == 2 for p in group['params']))
 
 
 def rows_of(rows, world):
@@ -135,7 +110,7 @@ class WholeMatrix(torch.optim.Optimizer):
             for p in mine:
                 self.stand_in[p] = torch.nn.Parameter(
                     p.to_local().new_empty(0, 0))
-            groups.append({**settings(opt, g),
+            groups.append({**costs.settings(opt, g),
                            'params': [self.stand_in[p] for p in mine]})
         self.inner = None
         if self.stand_in:
