@@ -29,10 +29,7 @@ LISTED = 16  # nodes whose torchrun lines are printed one by one
 GiB = 2**30
 KNOBS = (*model_defaults(), 'batch_size', 'gradient_accumulation_steps', 'micro_batch_size',
          'memory_fraction', 'max_iters', 'outer_interval')  # (the model's: GPTConfig's fields)
-# make_optimizer's choice (train.py's knobs, where it has them): the planner measures the optimizer
-# built from them (hetgpt/planner/costs.py, set_train_knobs)
-OPTIMIZER = ('optimizer', 'muon_lr', 'muon_momentum', 'muon_weight_decay')
-KNOBS += OPTIMIZER
+KNOBS += knobs.OPTIMIZER  # (make_optimizer's choice: the planner measures it)
 DILOCO_H = 500  # local steps per round where outer_interval is 0: DiLoCo's (arXiv 2311.08105)
 
 
@@ -187,7 +184,7 @@ def main(argv=None):
     from model import config_from
     planned = lambda ranks, dtype=args.dtype: make_plan(
         config_from(config), batch, ranks, plan=args.plan, micro_batch_size=micro,
-        knobs={k: config[k] for k in OPTIMIZER if k in config},
+        knobs={k: config[k] for k in knobs.OPTIMIZER if k in config},
         memory_fraction=config['memory_fraction'], dtype=dtype, inter_node_bw=inter_node_bw,
         outer_interval=config['outer_interval'])
     if record:

@@ -170,7 +170,7 @@ base_lrs = [g['lr'] for g in optim.param_groups(optimizers)]
 scaler = optim.scaler(device_type, run_plan.dtypes)
 # each rank's measured speed, and the split of the batch it calls for
 speed = Speed(device_type, rank, world_size, run_plan, out_dir,
-              rebalance_interval, model, log)
+              rebalance_interval, model, log, config)
 
 
 def forward(split, offsets, weight):

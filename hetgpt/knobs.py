@@ -98,6 +98,11 @@ SHAPE = {
 # train.py iterates over each step's micro-batches, and the plan lists them.
 MAX_BATCH = 2**24
 
+# make_optimizer's choice (train.py's knobs): the planner measures the
+# optimizer built from them (hetgpt/planner/costs.py, set_train_knobs), and
+# a run's measured.json names them (hetgpt/planner/measured.py)
+OPTIMIZER = ('optimizer', 'muon_lr', 'muon_momentum', 'muon_weight_decay')
+
 # train.py's knobs
 TRAIN = {
     **SHAPE,

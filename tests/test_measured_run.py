@@ -58,6 +58,7 @@ def test_a_run_predicts_itself_within_10_percent(runs, monkeypatch, capfd):
     rec = measured.read(str(runs / 'two'))
     assert [r['kind'] for r in rec['ranks']] == ['cpu', 'cpu']
     assert all(x['compute_s'] for x in rec['intervals'])  # each rank's compute, timed
+    assert rec['optimizer']['optimizer'] == 'adamw'  # (train.py's default, as the run had it)
     got, said = predicted(monkeypatch, capfd, runs / 'two')
     want = measured.tokens_per_sec(rec)
     assert abs(got / want - 1) < 0.10, (got, want)
@@ -89,6 +90,8 @@ GOOD = {'format': measured.FORMAT,
         'model': dict(block_size=64, vocab_size=256, n_layer=2, n_head=4, n_embd=128,
                       dropout=0.0, bias=False, init_std=0.02),
         'batch_size': 16, 'block_size': 64, 'strategy': 'ddp', 'accumulate': True,
+        'optimizer': dict(optimizer='adamw', muon_lr=0.02, muon_momentum=0.95,
+                          muon_weight_decay=0.0),
         'ranks': [dict(kind='cpu', dtype='float32', ac=False, node=0, threads=2)] * 2,
         'intervals': [dict(iter=4 * i, tokens_per_sec=9000.0 + i, sizes=[[8], [8]],
                            compute_s=[0.05, 0.06]) for i in range(1, 6)]}
@@ -134,6 +137,11 @@ DAMAGES = {  # case -> (measured.json's text, or None: none; what the line names
     'threads a bool': (edit(('ranks', 0, 'threads'), True), "threads True"),
     'threads 0': (edit(('ranks', 0, 'threads'), 0), "threads 0"),
     'unknown strategy': (edit(('strategy',), 'zero3'), "'zero3'"),
+    'no optimizer': (edit(('optimizer',), DROP), 'its optimizer is not'),
+    'an optimizer knob missing': (edit(('optimizer', 'muon_lr'), DROP), 'its optimizer is not'),
+    'unknown optimizer': (edit(('optimizer', 'optimizer'), 'lion'), "optimizer='lion'"),
+    'muon_lr a string': (edit(('optimizer', 'muon_lr'), '0.02'), "muon_lr is '0.02'"),
+    'muon_momentum 1': (edit(('optimizer', 'muon_momentum'), 1.0), 'muon_momentum=1.0'),
     'negative tokens/s': (edit(('intervals', 0, 'tokens_per_sec'), -5), 'tokens/s'),
     'split not the batch': (edit(('intervals', 3, 'sizes'), [[8], [9]]), 'sum to the batch'),
     'compute of one rank': (edit(('intervals', 3, 'compute_s'), [0.1]), 'compute seconds'),
@@ -196,3 +204,29 @@ def test_kinds_are_relative_as_their_compute_and_together_fit_the_step():
                        weights=[8, 8])[0]
     assert step == pytest.approx(16 * 64 / measured.tokens_per_sec(rec), rel=1e-6)
     assert how == 'the step fitted'
+
+
+def test_the_fit_times_the_optimizer_the_run_had():
+    # A Muon run's record: the planner's step, with Muon's optimizer step (its Newton-Schulz
+    # matmuls) at the fitted efficiency, is the measured step; an AdamW record of the same speeds
+    # fits another efficiency. The planner's own optimizer is as it was after each fit.
+    from hetgpt.knobs import flags
+    from hetgpt.planner import costs, timing
+    from model import GPTConfig
+    muon = json.loads(GOOD_TEXT)
+    muon['optimizer']['optimizer'] = 'muon'
+    before = dict(costs.GIVEN)
+    found, _ = measured.calibrate(muon)
+    assert costs.GIVEN == before
+    adamw, _ = measured.calibrate(json.loads(GOOD_TEXT))
+    assert found['cpu'] != adamw['cpu'], (found, adamw)
+    cfg = GPTConfig(**muon['model'])
+    ranks = [dict(device='cpu', gpu=None, dtype='float32', node=0, count=1, threads=2,
+                  efficiency=found['cpu'])] * 2
+    costs.set_train_knobs(muon['optimizer'])
+    try:
+        step = timing.step(cfg, 16, ranks, flags('ddp'), [8, 8], [False, False], True,
+                           weights=[8, 8])[0]
+    finally:
+        costs.set_train_knobs(before)
+    assert step == pytest.approx(16 * 64 / measured.tokens_per_sec(muon), rel=1e-6)

@@ -3,9 +3,11 @@ plan.py --measured OUT_DIR: a plan from a run's own measured speed.
 
 train.py's rank 0 rewrites OUT_DIR/measured.json at each log line
 (hetgpt/run/speed.py's Speed.record): the model, the batch, the strategy,
-each rank's kind (its GPU or cpu), dtype, ac and threads, and per log
-interval the tokens/s, each rank's micro-batches and its compute seconds. read() takes
-it as untrusted input: a damaged or foreign record is one line, exit 2.
+the optimizer (knobs.OPTIMIZER: the fit times the step of the one the run
+had), each rank's kind (its GPU or cpu), dtype, ac and threads, and per
+log interval the tokens/s, each rank's micro-batches and its compute
+seconds. read() takes it as untrusted input: a damaged or foreign record
+is one line, exit 2.
 calibrate() turns it into a step efficiency per kind (efficiency.py): the
 share of the kernel-rate compute (timing.py at efficiency 1.0) that this
 run reached, so that it carries over to another shape, batch or cluster
@@ -27,10 +29,11 @@ import statistics
 
 from hetgpt.errors import die
 from hetgpt.gpus import GPUS
-from hetgpt.knobs import DTYPES, MAX_BATCH, STRATEGIES, model_defaults
+from hetgpt.knobs import (DTYPES, MAX_BATCH, OPTIMIZER, STRATEGIES, TRAIN,
+                          TRAIN_PY, defaults_of, model_defaults, rule_fault)
 
 NAME = 'measured.json'
-FORMAT = 'hetgpt-measured/2'  # /2: each rank's threads
+FORMAT = 'hetgpt-measured/2'  # /2: each rank's threads, the optimizer
 MAX_BYTES = 64 * 2**20  # a record of 50 intervals of 100k ranks
 MAX_RANKS = 2**17
 MAX_THREADS = 2**12  # a rank's
@@ -68,6 +71,22 @@ def _model_fault(model):
             return f"its model's {k} is {model[k]!r}"
     if model['n_embd'] % model['n_head']:
         return "its model's n_embd is not divisible by n_head"
+    return None
+
+
+def _optimizer_fault(given):
+    """Why the record's optimizer (knobs.OPTIMIZER's values) is not one
+    train.py builds, or None."""
+    if not isinstance(given, dict) or set(given) != set(OPTIMIZER):
+        return f"its optimizer is not {', '.join(OPTIMIZER)}"
+    defaults = defaults_of(TRAIN_PY)
+    for k, v in given.items():
+        want = type(defaults[k])
+        if type(v) is not want and not (want is float and type(v) is int):
+            return f"its optimizer's {k} is {v!r}, not a {want.__name__}"
+        why = rule_fault(k, v, TRAIN[k])
+        if why:
+            return f"its optimizer's {why}"
     return None
 
 
@@ -134,6 +153,9 @@ def fault(rec):
                f"{', '.join(STRATEGIES)}"
     if type(rec.get('accumulate')) is not bool:
         return "its accumulate is missing"
+    why = _optimizer_fault(rec.get('optimizer'))
+    if why:
+        return why
     for r in ranks:
         why = _rank_fault(r)
         if why:
@@ -224,10 +246,23 @@ def calibrate(rec):
     """({kind: step efficiency}, how, in words) of the run in rec.
 
     The efficiencies at which timing.step, at the run's last split,
-    strategy, dtypes and ac, predicts its measured step (tokens_per_sec).
-    Where even compute at no time leaves the priors' rest of the step
-    above the measured one, the efficiencies come from compute alone.
+    strategy, dtypes, ac and optimizer, predicts its measured step
+    (tokens_per_sec). Where even compute at no time leaves the priors'
+    rest of the step above the measured one, the efficiencies come from
+    compute alone. (The planner's optimizer is the record's while it
+    fits, then what it was.)
     """
+    from hetgpt.planner import costs
+    before = dict(costs.GIVEN)
+    costs.set_train_knobs(rec['optimizer'])
+    try:
+        return _fit(rec)
+    finally:
+        costs.set_train_knobs(before)
+
+
+def _fit(rec):
+    """calibrate's fit, under the record's optimizer."""
     from hetgpt.knobs import flags
     from hetgpt.planner import timing
     from model import GPTConfig

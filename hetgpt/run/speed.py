@@ -11,6 +11,7 @@ from contextlib import contextmanager
 import torch
 
 from hetgpt.gpus import peak_flops
+from hetgpt.knobs import OPTIMIZER
 from hetgpt.planner import measured
 from hetgpt.planner.balance import fit, rebalance
 from hetgpt.planner.costs import mfu
@@ -33,17 +34,19 @@ class Speed:
     """
 
     def __init__(self, device_type, rank, world_size, plan, out_dir,
-                 interval, model, log):
+                 interval, model, log, config):
         """Hooks a mark before and after each FSDP module's pre-hook.
 
         plan: the run's (search.make_plan's); out_dir: where rank 0
-        records what it measured (record).
+        records what it measured (record); config: train.py's knobs
+        (the record names the optimizer they build).
         """
         self.cuda = device_type == 'cuda'
         self.rank, self.world_size = rank, world_size
         self.factor, self.interval = 3 + plan.ac[rank], interval
         self.lockstep, self.log = plan.shard, log
         self.plan, self.out_dir = plan, out_dir
+        self.optimizer = {k: config[k] for k in OPTIMIZER}
         self.intervals = []  # (record's: this start's log intervals)
         self.timing, self.marks = False, []
         self.c0, self.c1 = None, None
@@ -176,8 +179,9 @@ class Speed:
         """Rewrites out_dir/measured.json: what plan.py --measured reads
         (hetgpt/planner/measured.py).
 
-        The plan's model, batch, strategy and each rank's kind, dtype, ac
-        and threads (a CPU rank's: its compute's rate); per log interval of this start (the last 50): its tokens/s,
+        The plan's model, batch, strategy, optimizer (knobs.OPTIMIZER)
+        and each rank's kind, dtype, ac and threads (a CPU rank's: its
+        compute's rate); per log interval of this start (the last 50): its tokens/s,
         each rank's micro-batches and its compute seconds of a step
         (None where not timed: one rank; CUDA before its first timed
         step). Through a temporary file and a rename: a reader sees the
@@ -197,7 +201,7 @@ class Speed:
         out = {'format': measured.FORMAT,
                'model': dataclasses.asdict(p.config),
                'batch_size': p.batch_size, 'block_size': p.block_size,
-               'strategy': p.strategy,
+               'strategy': p.strategy, 'optimizer': self.optimizer,
                'accumulate': not p.reduce_every_micro_batch,
                'ranks': ranks, 'intervals': self.intervals}
         path = os.path.join(self.out_dir, 'measured.json')
