@@ -14,10 +14,13 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import model  # noqa: E402
+from hetgpt import errors  # noqa: E402
 from hetgpt.owners import owned  # noqa: E402
 from hetgpt.run import optim, whole_matrix  # noqa: E402
 
+errors.last_at_exit()  # ends as train.py does, without the interpreter's teardown (errors.py)
 dist.init_process_group('gloo')
+errors.skip_teardown()
 rank, world = dist.get_rank(), dist.get_world_size()
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
@@ -88,3 +91,4 @@ out['reloaded'] = all(torch.equal(fresh.inner.state[fresh.stand_in[p]]['momentum
 with open(os.path.join(sys.argv[1], f'{rank}.json'), 'w') as f:
     json.dump(out, f)
 dist.destroy_process_group()
+errors.end(0)
