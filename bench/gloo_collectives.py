@@ -14,10 +14,13 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from hetgpt import errors  # noqa: E402
 from hetgpt.run.process_group import gloo_interface  # noqa: E402
 
+errors.last_at_exit()  # ends as train.py does, without the interpreter's teardown (errors.py)
 gloo_interface(os.environ.get('MASTER_ADDR'))
 dist.init_process_group('gloo')
+errors.skip_teardown()
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 7_265_024  # gpt_tiny's, at block_size 256
 full, part = torch.ones(n), torch.ones(n // dist.get_world_size())
 full = full[:part.numel() * dist.get_world_size()]
@@ -39,3 +42,4 @@ if dist.get_rank() == 0:
         f"{k} {v * 1e3:.0f} ms" for k, v in times.items()), flush=True)
 dist.barrier()
 dist.destroy_process_group()
+errors.end(0)
