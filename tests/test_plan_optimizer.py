@@ -146,3 +146,17 @@ def test_fsdp_step_holds_one_whole_matrix_at_a_time(monkeypatch):
         assert e['total'] - e['other'] == states + temporaries
     finally:
         costs.set_train_knobs({})
+
+
+def test_a_plan_is_made_for_its_own_knobs_not_for_an_earlier_plans(monkeypatch):
+    # make_plan(knobs=None) plans for train.py's defaults (AdamW), whatever optimizer the plan
+    # before it was made for (costs.set_train_knobs): a plan is a function of its arguments
+    from hetgpt.planner import search
+    monkeypatch.setattr(model, 'make_optimizer', the_knob())
+    try:
+        plans = [search.make_plan(CFG, 16, RANKS, plan=s, knobs=k)
+                 for k in (None, {'optimizer': 'muon'}, None) for s in ('ddp', 'fsdp')]
+    finally:
+        costs.set_train_knobs({})
+    adamw, muon, again = [[(p.step_time, p.predicted) for p in plans[i:i + 2]] for i in (0, 2, 4)]
+    assert muon != adamw and again == adamw, (adamw, muon, again)

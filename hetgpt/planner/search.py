@@ -376,10 +376,10 @@ def make_plan(cfg, batch_size, ranks, plan='auto', micro_batch_size=0,
     the strategies knobs.refuses_local_steps accepts (plan=auto tries
     only those; where none fits, the advice says whether
     outer_interval=0 does). knobs: train.py's knobs that build the
-    optimizer (costs.set_train_knobs: optimizer=muon); None: as before.
+    optimizer (costs.set_train_knobs: optimizer=muon); None: train.py's
+    defaults, whatever an earlier plan was made for.
     """
-    if knobs is not None:
-        costs.set_train_knobs(knobs)
+    costs.set_train_knobs(knobs or {})
     ranks = _normalise(ranks, memory_fraction)
     given = dtype_name(dtype).split(',')
     assert plan == 'auto' or plan in STRATEGIES, \
@@ -436,14 +436,15 @@ def make_plan(cfg, batch_size, ranks, plan='auto', micro_batch_size=0,
         if plan != 'auto':
             auto = make_plan(cfg, batch_size, ranks, 'auto',
                              micro_batch_size, memory_fraction, dtype,
-                             inter_node_bw, outer_interval=outer_interval)
+                             inter_node_bw, outer_interval=outer_interval,
+                             knobs=knobs)
             if auto.fits:
                 advice += f" plan=auto fits ({auto.strategy})."
                 needs['plan'] = auto.strategy
         if outer_interval:
             alone = make_plan(cfg, batch_size, ranks, 'auto',
                               micro_batch_size, memory_fraction, dtype,
-                              inter_node_bw)
+                              inter_node_bw, knobs=knobs)
             if alone.fits:
                 advice += (f" outer_interval=0 fits ({alone.strategy}):"
                            f" local steps need a whole model on every"
